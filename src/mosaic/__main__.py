@@ -1,0 +1,5 @@
+"""`python -m mosaic ...` (and `torchrun -m mosaic train ...`) run the CLI."""
+
+from mosaic.cli import main
+
+main()

@@ -1,0 +1,187 @@
+"""The multimodal model as a DAG of modules, with the cost facts every later stage needs.
+
+An `MMGraph` is plain data (JSON round trip): the profiler, the performance model, the
+planners and the engine all read it, none of them needs the nn.Modules themselves.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import networkx as nx
+
+MODULE_KINDS = ("encoder", "embedding", "llm", "head")
+
+
+class GraphError(ValueError):
+    """A model graph that cannot be planned; the message names the field and the fix."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ModuleSpec:
+    """One module of a multimodal model and what it costs per sample."""
+
+    name: str
+    """Unique name inside the graph, e.g. `vision`."""
+    kind: str
+    """One of MODULE_KINDS; the alignment head / LLM consumes encoder outputs."""
+    input_shape: tuple[int, ...]
+    """Per-sample shape of the module's own synthetic input (without the batch axis)."""
+    num_params: int
+    """Trainable parameters."""
+    num_layers: int = 1
+    """Transformer blocks (or equivalent); drives the kernel-count latency term."""
+    hidden_dim: int = 0
+    """Width of the main residual stream."""
+    tokens_per_sample: int = 1
+    """Sequence length the module processes per sample."""
+    flops_per_sample: float
+    """Forward + backward FLOPs for one sample (counted on the real module)."""
+    activation_bytes_per_sample: float
+    """Bytes of activations kept for backward, per sample (bf16)."""
+    output_bytes_per_sample: float
+    """Bytes sent to each consumer module per sample (activations forward, grads back)."""
+    num_kernels: int = 0
+    """Kernel launches in one forward + backward (0: estimated from layers)."""
+
+    def __post_init__(self) -> None:
+        if not self.name or not self.name.replace("_", "").replace("-", "").isalnum():
+            raise GraphError(f"module name {self.name!r}: use letters, digits, '_' or '-'")
+        if self.kind not in MODULE_KINDS:
+            raise GraphError(f"module {self.name!r}: kind {self.kind!r} is not one of {MODULE_KINDS}")
+        for fname in ("num_params", "flops_per_sample", "activation_bytes_per_sample"):
+            if getattr(self, fname) < 0:
+                raise GraphError(f"module {self.name!r}: {fname} must be >= 0")
+
+    @property
+    def kernels_per_step(self) -> int:
+        # About 14 forward kernels per transformer block and twice that backward.
+        return self.num_kernels or max(8, 42 * self.num_layers)
+
+    @property
+    def static_bytes(self) -> float:
+        """Parameters, gradients and AdamW state in mixed precision: 2 + 4 + 4 + 4 + 2 bytes."""
+        return 16.0 * self.num_params
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class MMGraph:
+    """A multimodal model: modules and the edges feeding encoders' outputs to consumers."""
+
+    name: str
+    modules: tuple[ModuleSpec, ...]
+    edges: tuple[tuple[str, str], ...]
+    global_batch: int
+    """Samples per training iteration (every module processes each sample once)."""
+    preset: str = "custom"
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        validate_graph(self)
+
+    # --- lookups -----------------------------------------------------------------------
+    @property
+    def names(self) -> list[str]:
+        return [m.name for m in self.modules]
+
+    def module(self, name: str) -> ModuleSpec:
+        for m in self.modules:
+            if m.name == name:
+                return m
+        raise GraphError(f"graph {self.name!r} has no module {name!r}; modules: {self.names}")
+
+    def predecessors(self, name: str) -> list[str]:
+        return [src for src, dst in self.edges if dst == name]
+
+    def successors(self, name: str) -> list[str]:
+        return [dst for src, dst in self.edges if src == name]
+
+    def to_networkx(self) -> nx.DiGraph:
+        g = nx.DiGraph()
+        g.add_nodes_from(self.names)
+        g.add_edges_from(self.edges)
+        return g
+
+    def levels(self) -> list[list[str]]:
+        """Topological generations: modules of one level are mutually independent."""
+        return [sorted(gen) for gen in nx.topological_generations(self.to_networkx())]
+
+    def topo_order(self) -> list[str]:
+        return [name for level in self.levels() for name in level]
+
+    def ancestors(self, name: str) -> set[str]:
+        return nx.ancestors(self.to_networkx(), name)
+
+    def independent(self, a: str, b: str) -> bool:
+        return a not in self.ancestors(b) and b not in self.ancestors(a)
+
+    @property
+    def sinks(self) -> list[str]:
+        return [n for n in self.names if not self.successors(n)]
+
+    def total_flops(self) -> float:
+        """Forward + backward FLOPs of one training iteration."""
+        return sum(m.flops_per_sample for m in self.modules) * self.global_batch
+
+    # --- serialisation -------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["edges"] = [list(e) for e in self.edges]
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> MMGraph:
+        try:
+            modules = tuple(
+                ModuleSpec(**{**m, "input_shape": tuple(m["input_shape"])}) for m in d["modules"]
+            )
+            edges = tuple((str(a), str(b)) for a, b in d["edges"])
+            return cls(
+                name=d["name"],
+                modules=modules,
+                edges=edges,
+                global_batch=int(d["global_batch"]),
+                preset=d.get("preset", "custom"),
+                meta=d.get("meta", {}),
+            )
+        except (KeyError, TypeError) as exc:
+            raise GraphError(f"malformed graph JSON: {exc}; expected keys name, modules, edges, global_batch") from exc
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+    @classmethod
+    def from_json(cls, text: str) -> MMGraph:
+        try:
+            return cls.from_dict(json.loads(text))
+        except json.JSONDecodeError as exc:
+            raise GraphError(f"graph file is not valid JSON: {exc}") from exc
+
+
+def validate_graph(graph: MMGraph) -> None:
+    """Reject graphs no planner can handle, naming the offending field."""
+    if not graph.modules:
+        raise GraphError(f"graph {graph.name!r} has no modules: add at least one ModuleSpec")
+    if graph.global_batch < 1:
+        raise GraphError(f"graph {graph.name!r}: global_batch={graph.global_batch} must be >= 1")
+    seen: set[str] = set()
+    for m in graph.modules:
+        if m.name in seen:
+            raise GraphError(f"graph {graph.name!r}: duplicate module name {m.name!r}; names must be unique")
+        seen.add(m.name)
+    for src, dst in graph.edges:
+        for end in (src, dst):
+            if end not in seen:
+                raise GraphError(
+                    f"graph {graph.name!r}: edge {src!r} -> {dst!r} names unknown module {end!r}; "
+                    f"modules are {sorted(seen)}"
+                )
+        if src == dst:
+            raise GraphError(f"graph {graph.name!r}: self-loop on {src!r}")
+    g = nx.DiGraph(list(graph.edges))
+    g.add_nodes_from(seen)
+    if not nx.is_directed_acyclic_graph(g):
+        cycle = " -> ".join(a for a, _ in nx.find_cycle(g))
+        raise GraphError(f"graph {graph.name!r} has a cycle ({cycle}): module edges must form a DAG")

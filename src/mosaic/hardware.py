@@ -1,0 +1,139 @@
+"""GPU and cluster specifications: the numbers the performance model and the planner read."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+GIB = 1024**3
+
+
+class HardwareError(ValueError):
+    """Unknown hardware or an impossible cluster shape."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class GPUSpec:
+    name: str
+    num_sms: int
+    sm_granularity: int
+    """Green contexts hand out SMs in groups of this size (8 on Hopper)."""
+    peak_bf16_flops: float
+    """Dense bf16 matrix rate actually reached (FLOP/s), not the datasheet's."""
+    mem_bandwidth_bps: float
+    """Device-memory bandwidth reached by a large copy (bytes/s, read + write)."""
+    memory_bytes: float
+    bandwidth_saturation_sms: int
+    """SMs from which a memory-bound kernel saturates bandwidth."""
+    kernel_latency_s: float
+    """Minimum time of one kernel in a replayed CUDA graph (launch + ramp + tail)."""
+    source: str
+    """Where the numbers come from (measured here, or datasheet leads)."""
+
+    def __post_init__(self) -> None:
+        if self.num_sms < 1 or self.sm_granularity < 1:
+            raise HardwareError(f"{self.name}: num_sms and sm_granularity must be >= 1")
+
+    @property
+    def num_sm_groups(self) -> int:
+        """Whole granularity groups a partition can be made of (132 SMs -> 16 groups of 8)."""
+        return self.num_sms // self.sm_granularity
+
+    def round_sms(self, sm_share: float) -> int:
+        """SMs a green context gets for a share: rounded up to the granularity, at most the GPU."""
+        want = max(1, round(sm_share * self.num_sms))
+        groups = -(-want // self.sm_granularity)
+        return min(self.num_sms, groups * self.sm_granularity)
+
+
+# H200: measured on the lent card (DESIGN.md, device KINDS.md): 8192^3 bf16 matmul at
+# 769-798 TFLOP/s on random data; device copy at about 4.3 TB/s; bandwidth saturates from
+# about 48 SMs; SM counts round up to multiples of 8.
+H200 = GPUSpec(
+    name="h200",
+    num_sms=132,
+    sm_granularity=8,
+    peak_bf16_flops=790e12,
+    mem_bandwidth_bps=4.3e12,
+    memory_bytes=139 * GIB,
+    bandwidth_saturation_sms=48,
+    kernel_latency_s=4e-6,
+    source="measured on the lent H200 (torch 2.11+cu130), 2026-10/11",
+)
+
+# H100 SXM: same SM array as the H200; matrix rate scaled from the H200's measured/datasheet
+# ratio, bandwidth the datasheet's 3.35 TB/s at the same achieved fraction. Leads, not readings.
+H100 = GPUSpec(
+    name="h100",
+    num_sms=132,
+    sm_granularity=8,
+    peak_bf16_flops=790e12,
+    mem_bandwidth_bps=3.0e12,
+    memory_bytes=79 * GIB,
+    bandwidth_saturation_sms=48,
+    kernel_latency_s=4e-6,
+    source="datasheet-derived estimate (not measured here)",
+)
+
+GPUS: dict[str, GPUSpec] = {g.name: g for g in (H200, H100)}
+
+
+def gpu_spec(name: str) -> GPUSpec:
+    try:
+        return GPUS[name.lower()]
+    except KeyError:
+        raise HardwareError(f"unknown hardware {name!r}; choose one of {sorted(GPUS)}") from None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ClusterSpec:
+    """nodes x GPUs of one kind; GPU ids are global, node-major (node = id // gpus_per_node)."""
+
+    gpu: GPUSpec
+    num_nodes: int = 1
+    gpus_per_node: int = 8
+    intra_node_bandwidth_bps: float = 360e9
+    """Per-GPU bus bandwidth a ring all-reduce reaches over NVLink (NVLink 4: ~450 GB/s uni)."""
+    inter_node_bandwidth_bps: float = 45e9
+    """Per-GPU bandwidth across nodes (one 400 Gb/s NIC per GPU)."""
+    collective_latency_s: float = 25e-6
+
+    def __post_init__(self) -> None:
+        if self.num_nodes < 1:
+            raise HardwareError(f"num_nodes={self.num_nodes}: a cluster needs at least one node")
+        if self.gpus_per_node < 1:
+            raise HardwareError(f"gpus_per_node={self.gpus_per_node}: use --gpus 1 or more")
+
+    @property
+    def num_gpus(self) -> int:
+        return self.num_nodes * self.gpus_per_node
+
+    def node_of(self, gpu_id: int) -> int:
+        return gpu_id // self.gpus_per_node
+
+    def link_bandwidth_bps(self, gpu_ids: tuple[int, ...] | list[int]) -> float:
+        """Bottleneck per-GPU bandwidth of a collective over these GPUs."""
+        nodes = {self.node_of(g) for g in gpu_ids}
+        return self.intra_node_bandwidth_bps if len(nodes) <= 1 else self.inter_node_bandwidth_bps
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ClusterSpec:
+        return cls(**{**d, "gpu": GPUSpec(**d["gpu"])})
+
+
+def make_cluster(num_gpus: int, hardware: str = "h200", gpus_per_node: int = 8) -> ClusterSpec:
+    """A cluster of `num_gpus`, filling nodes of `gpus_per_node` (fewer GPUs: one partial node)."""
+    if num_gpus < 1:
+        raise HardwareError(f"--gpus {num_gpus}: need at least 1 GPU")
+    gpu = gpu_spec(hardware)
+    if num_gpus <= gpus_per_node:
+        return ClusterSpec(gpu=gpu, num_nodes=1, gpus_per_node=num_gpus)
+    if num_gpus % gpus_per_node:
+        raise HardwareError(
+            f"--gpus {num_gpus} is not a whole number of {gpus_per_node}-GPU nodes; "
+            f"use a multiple of {gpus_per_node} or at most {gpus_per_node}"
+        )
+    return ClusterSpec(gpu=gpu, num_nodes=num_gpus // gpus_per_node, gpus_per_node=gpus_per_node)

@@ -1,0 +1,141 @@
+"""The performance-model interface every model (analytic, profiled) implements.
+
+A model answers three questions; everything else (stage time, iteration time, utilisation)
+is composed here once, so the planners and the reports never care which model they use:
+
+- `module_time_s`: forward + backward of one module alone on a GPU, for a per-GPU batch and
+  an SM share (the scaling surface T(module, per-GPU batch, SM share)).
+- `colocated_time_s`: time until every module of a group colocated on one GPU is done, in a
+  sharing mode (temporal / partition / cap / free), interference included.
+- `allreduce_s` / `transfer_s`: gradient all-reduce and activation transfer.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from mosaic.graph import MMGraph, ModuleSpec
+from mosaic.hardware import ClusterSpec
+from mosaic.plan import Plan, Stage
+
+GRAD_BYTES_PER_PARAM = 4.0
+"""Gradients are all-reduced in fp32 (mixed precision keeps fp32 master gradients)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Work:
+    """One module's share of a GPU inside a stage."""
+
+    module: ModuleSpec
+    per_gpu_batch: int
+    sm_share: float = 1.0
+    priority: int = 0
+
+
+class PerfModel(ABC):
+    """Predicts times for plans on one cluster. Subclasses implement the three primitives."""
+
+    name: str = "abstract"
+
+    def __init__(self, cluster: ClusterSpec) -> None:
+        self.cluster = cluster
+
+    @abstractmethod
+    def module_time_s(self, module: ModuleSpec, per_gpu_batch: int, sm_share: float = 1.0) -> float:
+        """Forward + backward seconds of `module` alone on an SM share of one GPU."""
+
+    @abstractmethod
+    def colocated_time_s(self, works: Sequence[Work], sharing: str) -> float:
+        """Seconds until all `works` sharing one GPU in mode `sharing` are done."""
+
+    def describe(self) -> str:
+        return self.name
+
+    # --- communication: ring all-reduce and point-to-point from link bandwidths ---------------
+    def allreduce_s(self, num_bytes: float, gpus: Sequence[int]) -> float:
+        n = len(gpus)
+        if n <= 1 or num_bytes <= 0:
+            return 0.0
+        bandwidth = self.cluster.link_bandwidth_bps(list(gpus))
+        steps = 2 * (n - 1)
+        return steps * self.cluster.collective_latency_s / 4 + (steps / n) * num_bytes / bandwidth
+
+    def transfer_s(self, num_bytes: float, src_gpus: Sequence[int], dst_gpus: Sequence[int]) -> float:
+        """Moving a whole batch's activations from one GPU set to another (zero if same set)."""
+        if num_bytes <= 0 or list(src_gpus) == list(dst_gpus):
+            return 0.0
+        lanes = min(len(src_gpus), len(dst_gpus))
+        bandwidth = self.cluster.link_bandwidth_bps(list(src_gpus) + list(dst_gpus))
+        return self.cluster.collective_latency_s + num_bytes / (lanes * bandwidth)
+
+    # --- composition ---------------------------------------------------------------------------
+    def stage_works(self, stage: Stage, graph: MMGraph) -> dict[int, list[Work]]:
+        by_gpu: dict[int, list[Work]] = {}
+        for p in stage.placements:
+            m = graph.module(p.module)
+            work = Work(m, graph.global_batch // p.dp_degree, p.sm_share, p.priority)
+            for g in p.gpus:
+                by_gpu.setdefault(g, []).append(work)
+        return by_gpu
+
+    def stage_compute_s(self, stage: Stage, graph: MMGraph) -> float:
+        """Slowest GPU of the stage: its colocated group's time."""
+        groups = self.stage_works(stage, graph)
+        return max(self.colocated_time_s(works, stage.sharing) for works in groups.values())
+
+    def stage_allreduce_s(self, stage: Stage, graph: MMGraph) -> float:
+        # Modules of a stage all-reduce on their own groups at once; the slowest one counts.
+        times = [
+            self.allreduce_s(graph.module(p.module).num_params * GRAD_BYTES_PER_PARAM, p.gpus)
+            for p in stage.placements
+        ]
+        return max(times, default=0.0)
+
+    def stage_time_s(self, stage: Stage, graph: MMGraph) -> float:
+        return self.stage_compute_s(stage, graph) + self.stage_allreduce_s(stage, graph)
+
+    def transfers_s(self, plan: Plan, graph: MMGraph) -> float:
+        """Activations forward and their gradients back, for edges whose ends sit apart."""
+        total = 0.0
+        for src, dst in graph.edges:
+            a, b = plan.placement(src), plan.placement(dst)
+            num_bytes = graph.module(src).output_bytes_per_sample * graph.global_batch
+            total += 2 * self.transfer_s(num_bytes, a.gpus, b.gpus)
+        return total
+
+    def iteration_time_s(self, plan: Plan, graph: MMGraph) -> float:
+        """T_iteration = sum over stages of T_stage (+ activation transfers between GPU sets)."""
+        return sum(self.stage_time_s(s, graph) for s in plan.stages) + self.transfers_s(plan, graph)
+
+    def gpu_utilisation(self, plan: Plan, graph: MMGraph) -> float:
+        """Busy SM-seconds over available SM-seconds in one iteration (0..1).
+
+        A module busy for t seconds on share s of a GPU occupies s*t; a share of 1.0 of a module
+        that cannot fill the GPU counts its saturation share (the reason colocation pays).
+        """
+        iteration_s = self.iteration_time_s(plan, graph)
+        if iteration_s <= 0:
+            return 0.0
+        busy = 0.0
+        for stage in plan.stages:
+            for p in stage.placements:
+                m = graph.module(p.module)
+                b = graph.global_batch // p.dp_degree
+                share = min(p.sm_share, self.saturation_share(m, b))
+                busy += self.module_time_s(m, b, share) * share * p.dp_degree
+        return min(1.0, busy / (iteration_s * self.cluster.num_gpus))
+
+    def saturation_share(self, module: ModuleSpec, per_gpu_batch: int) -> float:
+        """Smallest SM share beyond which the module gets (almost) no faster."""
+        full = self.module_time_s(module, per_gpu_batch, 1.0)
+        gpu = self.cluster.gpu
+        for groups in range(1, gpu.num_sm_groups + 1):
+            share = groups * gpu.sm_granularity / gpu.num_sms
+            if self.module_time_s(module, per_gpu_batch, share) <= 1.05 * full:
+                return share
+        return 1.0
+
+    def predict(self, plan: Plan, graph: MMGraph) -> Plan:
+        return plan.with_prediction(self.iteration_time_s(plan, graph), self.describe())

@@ -1,0 +1,108 @@
+"""Timelines of a plan: predicted (from a perf model) or measured (from the engine).
+
+One event list feeds both the Gantt PNG (GPUs on the y-axis, modules as bars whose height is
+their SM share) and the Chrome trace (opens in Perfetto).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from mosaic.graph import MMGraph
+from mosaic.perf.base import PerfModel
+from mosaic.plan import Plan
+
+
+@dataclass(frozen=True, slots=True)
+class TimelineEvent:
+    module: str
+    stage: int
+    gpu: int
+    start_s: float
+    end_s: float
+    sm_share: float
+    lane: float = 0.0
+    """Vertical offset inside the GPU's row (0..1), so concurrent bars do not hide each other."""
+    phase: str = "fwd+bwd"
+
+
+def predicted_timeline(plan: Plan, graph: MMGraph, perf: PerfModel) -> list[TimelineEvent]:
+    events: list[TimelineEvent] = []
+    t0 = 0.0
+    for index, stage in enumerate(plan.stages):
+        for gpu, works in sorted(perf.stage_works(stage, graph).items()):
+            events.extend(_gpu_events(index, gpu, works, stage.sharing, t0, perf))
+        t0 += perf.stage_time_s(stage, graph)
+    return events
+
+
+def _gpu_events(stage: int, gpu: int, works, sharing: str, t0: float, perf: PerfModel):
+    if sharing == "temporal" or len(works) == 1:
+        start = t0
+        for w in works:
+            duration = perf.module_time_s(w.module, w.per_gpu_batch, 1.0)
+            yield TimelineEvent(w.module.name, stage, gpu, start, start + duration, 1.0)
+            start += duration
+        return
+    group_s = perf.colocated_time_s(works, sharing)
+    lane = 0.0
+    for w in works:
+        share = w.sm_share if sharing in ("partition", "cap") else 1.0 / len(works)
+        alone = perf.module_time_s(w.module, w.per_gpu_batch, w.sm_share if sharing != "free" else 1.0)
+        duration = min(group_s, alone) if sharing != "partition" else group_s
+        yield TimelineEvent(w.module.name, stage, gpu, t0, t0 + duration, share, lane)
+        lane = min(1.0, lane + share)
+
+
+def plot_timeline(events: list[TimelineEvent], path: str | Path, title: str) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = sorted({e.module for e in events})
+    colours = {n: plt.get_cmap("tab20")(i % 20) for i, n in enumerate(names)}
+    gpus = sorted({e.gpu for e in events})
+    fig, ax = plt.subplots(figsize=(10, 1.2 + 0.55 * len(gpus)))
+    for e in events:
+        y = e.gpu + e.lane * 0.9
+        ax.broken_barh([(e.start_s * 1e3, (e.end_s - e.start_s) * 1e3)], (y, e.sm_share * 0.9),
+                       facecolors=colours[e.module], edgecolor="black", linewidth=0.3)
+    ax.set_yticks([g + 0.45 for g in gpus], [f"GPU {g}" for g in gpus])
+    ax.set_xlabel("time in one iteration (ms); bar height = SM share")
+    ax.set_title(title)
+    ax.invert_yaxis()
+    handles = [plt.Rectangle((0, 0), 1, 1, color=colours[n]) for n in names]
+    ax.legend(handles, names, loc="upper center", bbox_to_anchor=(0.5, -0.25 if len(gpus) < 3 else -0.12),
+              ncol=min(len(names), 6), fontsize=8, frameon=False)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def chrome_trace(events: list[TimelineEvent]) -> dict:
+    """Chrome trace-event JSON: one process per GPU, one thread per module."""
+    trace = [
+        {
+            "name": e.module, "cat": e.phase, "ph": "X", "pid": e.gpu, "tid": e.module,
+            "ts": e.start_s * 1e6, "dur": (e.end_s - e.start_s) * 1e6,
+            "args": {"stage": e.stage, "sm_share": e.sm_share},
+        }
+        for e in events
+    ]
+    return {"traceEvents": trace, "displayTimeUnit": "ms"}
+
+
+def write_chrome_trace(events: list[TimelineEvent], path: str | Path) -> Path:
+    path = Path(path)
+    path.write_text(json.dumps(chrome_trace(events)))
+    return path
+
+
+def events_to_dicts(events: list[TimelineEvent]) -> list[dict]:
+    return [asdict(e) for e in events]
