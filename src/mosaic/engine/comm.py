@@ -1,0 +1,323 @@
+"""Process groups and data movement of a plan: one process per GPU, rank r = GPU id r.
+
+Sample layout. A module placed on GPUs (g_0, ..., g_{d-1}) (DP degree d) holds samples
+[i*N/d, (i+1)*N/d) of the global batch N on g_i (the order of the placement's `gpus`).
+Moving a producer's output to a consumer on another GPU set is then interval arithmetic:
+every overlap of a producer interval with a consumer interval is one `Piece`, sent with
+batched point-to-point ops, or sliced locally when both ends are the same rank. This is right
+for any pair of DP degrees (2 -> 3 works as well as 4 -> 2). Gradients travel the same pieces
+backwards and are summed into the producer's output gradient.
+
+Ordering. Every rank walks the same global sequence of communication phases (stage by stage,
+edge by edge, module by module, in plan order) and joins only those it takes part in, so
+two ranks always meet their shared phases in the same order: no deadlock, with gloo or NCCL.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from mosaic.graph import MMGraph
+from mosaic.plan import Plan
+
+Key = tuple[str, str]
+"""An edge (producer module, consumer module)."""
+
+_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64,
+           torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool)
+_MAX_DIMS = 8
+BUCKET_ELEMENTS = 25 * 2**20
+"""Gradients are all-reduced in flat buckets of at most this many elements (100 MB fp32)."""
+
+
+class CommError(ValueError):
+    """A plan that cannot be laid out on the running processes; the message says the fix."""
+
+
+@dataclass(frozen=True, slots=True)
+class Piece:
+    """Samples [start, stop) of the global batch, held by rank `src`, needed by rank `dst`."""
+
+    src: int
+    dst: int
+    start: int
+    stop: int
+
+
+def sample_range(global_batch: int, gpus: Sequence[int], rank: int) -> tuple[int, int]:
+    """[start, stop) of the global batch that `rank` holds in a placement on `gpus`."""
+    per_rank = global_batch // len(gpus)
+    index = list(gpus).index(rank)
+    return index * per_rank, (index + 1) * per_rank
+
+
+def pieces(global_batch: int, src_gpus: Sequence[int], dst_gpus: Sequence[int]) -> list[Piece]:
+    """Overlaps of producer and consumer intervals, by consumer rank then sample order."""
+    out = []
+    per_src, per_dst = global_batch // len(src_gpus), global_batch // len(dst_gpus)
+    for j, dst in enumerate(dst_gpus):
+        for i, src in enumerate(src_gpus):
+            start = max(j * per_dst, i * per_src)
+            stop = min((j + 1) * per_dst, (i + 1) * per_src)
+            if start < stop:
+                out.append(Piece(src, dst, start, stop))
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """How one edge's activations move between the producer's and the consumer's GPU sets."""
+
+    src: str
+    dst: str
+    src_gpus: tuple[int, ...]
+    dst_gpus: tuple[int, ...]
+    global_batch: int
+    pieces: tuple[Piece, ...]
+
+    @property
+    def key(self) -> Key:
+        return (self.src, self.dst)
+
+    def src_start(self, rank: int) -> int:
+        return sample_range(self.global_batch, self.src_gpus, rank)[0]
+
+    def dst_start(self, rank: int) -> int:
+        return sample_range(self.global_batch, self.dst_gpus, rank)[0]
+
+
+def routes_for(plan: Plan, graph: MMGraph) -> list[Route]:
+    """One route per graph edge, in the graph's edge order (the same on every rank)."""
+    routes = []
+    for src, dst in graph.edges:
+        a, b = plan.placement(src).gpus, plan.placement(dst).gpus
+        routes.append(Route(src, dst, a, b, graph.global_batch,
+                            tuple(pieces(graph.global_batch, a, b))))
+    return routes
+
+
+def gpu_sets(plan: Plan) -> list[tuple[int, ...]]:
+    """Distinct GPU sets of the plan's placements, sorted: the process groups to create."""
+    return sorted({tuple(sorted(p.gpus)) for s in plan.stages for p in s.placements})
+
+
+def check_world_size(plan: Plan, world_size: int) -> None:
+    if world_size != plan.num_gpus:
+        raise CommError(
+            f"plan needs num_gpus={plan.num_gpus} processes (one per GPU) but {world_size} "
+            f"{'is' if world_size == 1 else 'are'} running; launch with "
+            f"`torchrun --nproc-per-node {plan.num_gpus}` or re-plan with --gpus {world_size}")
+
+
+class PlanComm:
+    """This rank's process groups and the plan's collective and point-to-point traffic.
+
+    Without an initialised process group it runs a one-rank world: every piece is local.
+    """
+
+    def __init__(self, *, rank: int, world_size: int, device: torch.device,
+                 groups: dict[tuple[int, ...], object | None]) -> None:
+        self.rank = rank
+        self.world_size = world_size
+        self.device = device
+        self._groups = groups
+        self._known_shapes: dict[Key, tuple[tuple[int, ...], torch.dtype]] = {}
+
+    @classmethod
+    def create(cls, plan: Plan, device: torch.device | str = "cpu") -> PlanComm:
+        """Check the world size, then create one group per distinct GPU set, on every rank
+        in the same order (new_group is collective over the whole world)."""
+        distributed = dist.is_available() and dist.is_initialized()
+        world_size = dist.get_world_size() if distributed else 1
+        rank = dist.get_rank() if distributed else 0
+        check_world_size(plan, world_size)
+        groups: dict[tuple[int, ...], object | None] = {}
+        for gpus in gpu_sets(plan):
+            if len(gpus) == 1:
+                groups[gpus] = None
+            elif len(gpus) == world_size:
+                groups[gpus] = dist.group.WORLD
+            else:
+                groups[gpus] = dist.new_group(list(gpus))
+        return cls(rank=rank, world_size=world_size, device=torch.device(device), groups=groups)
+
+    def group(self, gpus: Sequence[int]) -> object | None:
+        """The process group of a GPU set; None for a single GPU (nothing to communicate)."""
+        return self._groups[tuple(sorted(gpus))]
+
+    # --- point to point ------------------------------------------------------------------
+    def _exchange(self, sends: list[tuple[torch.Tensor, int]],
+                  recvs: list[tuple[torch.Tensor, int]]) -> None:
+        """Post all sends and receives as one batch and wait. Both ends list a pair's
+        messages in the same (global piece) order, which is how they are matched."""
+        ops = [dist.P2POp(dist.isend, t, peer) for t, peer in sends]
+        ops += [dist.P2POp(dist.irecv, t, peer) for t, peer in recvs]
+        if ops:
+            for work in dist.batch_isend_irecv(ops):
+                work.wait()
+
+    def _learn_shapes(self, routes: Sequence[Route], outputs: dict[str, torch.Tensor]) -> None:
+        """First use of a route: producers tell remote consumers the per-sample shape and
+        dtype (shapes are static, so this runs once per route)."""
+        todo = [r for r in routes if r.key not in self._known_shapes]
+        sends, recvs, headers = [], [], []
+        for r in todo:
+            for p in r.pieces:
+                if p.src == self.rank:
+                    out = outputs[r.src]
+                    self._known_shapes[r.key] = (tuple(out.shape[1:]), out.dtype)
+                    if p.dst != self.rank:
+                        sends.append((_encode_header(out, self.device), p.dst))
+                elif p.dst == self.rank:
+                    header = torch.zeros(2 + _MAX_DIMS, dtype=torch.int64, device=self.device)
+                    recvs.append((header, p.src))
+                    headers.append((r.key, header))
+        self._exchange(sends, recvs)
+        for key, header in headers:
+            self._known_shapes.setdefault(key, _decode_header(header))
+
+    def forward(self, routes: Sequence[Route],
+                outputs: dict[str, torch.Tensor]) -> dict[Key, torch.Tensor]:
+        """The consumer inputs this rank needs for `routes`: its samples of each producer's
+        output, gathered from local slices and point-to-point receives."""
+        self._learn_shapes(routes, outputs)
+        sends, recvs, parts = [], [], {}
+        for r in routes:
+            for p in r.pieces:
+                if p.src == self.rank:
+                    offset = r.src_start(self.rank)
+                    view = outputs[r.src][p.start - offset:p.stop - offset]
+                    if p.dst == self.rank:
+                        parts[(r.key, p)] = view
+                    else:
+                        sends.append((view.contiguous(), p.dst))
+                elif p.dst == self.rank:
+                    shape, dtype = self._known_shapes[r.key]
+                    buf = torch.empty((p.stop - p.start, *shape), dtype=dtype, device=self.device)
+                    recvs.append((buf, p.src))
+                    parts[(r.key, p)] = buf
+        self._exchange(sends, recvs)
+        inputs = {}
+        for r in routes:
+            mine = [parts[(r.key, p)] for p in r.pieces if p.dst == self.rank]
+            if mine:  # a single local piece is passed as a view: no copy
+                inputs[r.key] = mine[0] if len(mine) == 1 else torch.cat(mine)
+        return inputs
+
+    def backward(self, routes: Sequence[Route], inputs: dict[Key, torch.Tensor],
+                 outputs: dict[str, torch.Tensor], grads: dict[str, torch.Tensor]) -> None:
+        """Send each consumer input's gradient back along its pieces and add what arrives into
+        `grads[producer]` (several consumers of one producer sum up)."""
+        sends, recvs, arrivals = [], [], []
+        for r in routes:
+            for p in r.pieces:
+                if p.dst == self.rank:
+                    x = inputs[r.key]
+                    g = x.grad if x.grad is not None else torch.zeros_like(x)
+                    offset = r.dst_start(self.rank)
+                    piece = g[p.start - offset:p.stop - offset]
+                    if p.src == self.rank:
+                        arrivals.append((r, p, piece))
+                    else:
+                        sends.append((piece.contiguous(), p.src))
+                elif p.src == self.rank:
+                    out = outputs[r.src]
+                    buf = torch.empty((p.stop - p.start, *out.shape[1:]), dtype=out.dtype,
+                                      device=out.device)
+                    recvs.append((buf, p.dst))
+                    arrivals.append((r, p, buf))
+        self._exchange(sends, recvs)
+        for r, p, g in arrivals:
+            if r.src not in grads:
+                grads[r.src] = torch.zeros_like(outputs[r.src])
+            offset = r.src_start(self.rank)
+            grads[r.src][p.start - offset:p.stop - offset] += g
+
+    # --- collectives -------------------------------------------------------------------
+    def gather_batch(self, live: torch.Tensor, gpus: Sequence[int]) -> torch.Tensor:
+        """The whole batch of a tensor sharded over `gpus`, in sample order; the local slice
+        is `live` itself so gradients reach this rank's producers (others are detached)."""
+        group = self.group(gpus)
+        if group is None:
+            return live
+        parts = [torch.empty_like(live) for _ in gpus]
+        dist.all_gather(parts, live.detach().contiguous(), group=group)
+        by_rank = dict(zip(dist.get_process_group_ranks(group), parts, strict=True))
+        by_rank[self.rank] = live
+        return torch.cat([by_rank[g] for g in gpus])
+
+    def all_reduce_grads(self, params: Sequence[torch.nn.Parameter], gpus: Sequence[int],
+                         divide_by: int = 1) -> None:
+        """SUM-all-reduce the parameters' gradients over the GPU set's group, in buckets."""
+        group = self.group(gpus)
+        if group is None:
+            return
+        grads = []
+        for p in params:
+            if p.requires_grad:
+                if p.grad is None:  # every replica must send the same buckets
+                    p.grad = torch.zeros_like(p)
+                grads.append(p.grad)
+        for bucket in _buckets(grads):
+            flat = torch.cat([g.reshape(-1) for g in bucket])
+            dist.all_reduce(flat, group=group)
+            if divide_by != 1:
+                flat.div_(divide_by)
+            offset = 0
+            for g in bucket:
+                g.copy_(flat[offset:offset + g.numel()].view_as(g))
+                offset += g.numel()
+
+    def all_reduce_scalars(self, values: Sequence[float], op: str = "sum") -> list[float]:
+        """Reduce a few floats over the whole world (host sync: call outside timed regions)."""
+        if self.world_size == 1:
+            return [float(v) for v in values]
+        t = torch.tensor(list(values), dtype=torch.float64, device=self.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM)
+        return [float(v) for v in t.tolist()]
+
+
+def broadcast_bytes(payload: bytes | None, device: torch.device | str, src: int = 0) -> bytes:
+    """`payload` of rank `src` on every rank of the world (e.g. a plan's JSON, so that all
+    ranks run the plan one rank made); the payload itself when no process group runs."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return payload or b""
+    size = torch.tensor([len(payload or b"")], dtype=torch.int64, device=device)
+    dist.broadcast(size, src)
+    data = torch.zeros(int(size.item()), dtype=torch.uint8, device=device)
+    if dist.get_rank() == src and payload:
+        data.copy_(torch.frombuffer(bytearray(payload), dtype=torch.uint8))
+    if data.numel():
+        dist.broadcast(data, src)
+    return data.cpu().numpy().tobytes()
+
+
+def _buckets(grads: list[torch.Tensor]) -> list[list[torch.Tensor]]:
+    buckets: list[list[torch.Tensor]] = []
+    size = 0
+    for g in grads:
+        same_dtype = buckets and buckets[-1][0].dtype == g.dtype
+        if not buckets or not same_dtype or size + g.numel() > BUCKET_ELEMENTS:
+            buckets.append([])
+            size = 0
+        buckets[-1].append(g)
+        size += g.numel()
+    return buckets
+
+
+def _encode_header(out: torch.Tensor, device: torch.device) -> torch.Tensor:
+    if out.dim() - 1 > _MAX_DIMS or out.dtype not in _DTYPES:
+        raise CommError(f"cannot send a {out.dtype} tensor of shape {tuple(out.shape)}: "
+                        f"use one of {_DTYPES} with at most {_MAX_DIMS + 1} dims")
+    dims = list(out.shape[1:]) + [0] * (_MAX_DIMS - out.dim() + 1)
+    return torch.tensor([_DTYPES.index(out.dtype), out.dim() - 1, *dims],
+                        dtype=torch.int64, device=device)
+
+
+def _decode_header(header: torch.Tensor) -> tuple[tuple[int, ...], torch.dtype]:
+    values = [int(v) for v in header.tolist()]
+    return tuple(values[2:2 + values[1]]), _DTYPES[values[0]]

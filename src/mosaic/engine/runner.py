@@ -1,0 +1,322 @@
+"""Run one training step of a plan on this rank (= GPU id).
+
+Forward runs stage by stage in plan order, backward in reverse stage order. Each module runs
+on its own autograd segment: its predecessors' outputs arrive as detached leaf tensors (from
+`PlanComm.forward`), so a module's backward is an explicit call whose input gradients are
+sent back along the same routes. Inside a stage, the modules this rank holds run concurrently
+on their pool streams (temporal stages: one after another on the main stream).
+
+Streams (GPU). The main stream M (current at construction) does the data movement, the
+exchanges, the all-reduces and the optimizer. A module's stream waits for an event M records
+once the module's inputs (or output gradient) are ready; M waits for a module's done event
+before sending its output or all-reducing its gradients. Cross-stream tensors are all kept
+alive until the step ends and M joins every module stream then, so the caching allocator can
+never hand a block to one stream while another still reads it (no record_stream needed).
+
+Losses. A per-sample-mean sink (the default) is scaled by local_batch / global_batch so that
+the SUM all-reduce of gradients gives the gradient of the global mean. A head with
+`needs_global_batch = True` (contrastive) sees the whole batch: see `_forward_module`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from mosaic.engine.comm import Key, PlanComm, routes_for, sample_range
+from mosaic.engine.timer import Mark, Timer
+from mosaic.graph import MMGraph
+from mosaic.plan import Plan
+
+
+class EngineError(ValueError):
+    """A plan, model or setting the runner cannot execute; the message says the fix."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RunnerConfig:
+    graphs: bool = False
+    """Replay each module's forward and backward as CUDA graphs (GPU only) after one eager step."""
+    amp: bool | None = None
+    """bf16 autocast; None: on for CUDA, off on CPU."""
+    timeline: bool = False
+    """Record start/end of every module's forward and backward (for the Gantt chart)."""
+
+
+@dataclass(slots=True)
+class StepOutput:
+    loss: torch.Tensor
+    """This rank's share of the global loss (summing it over ranks gives the loss), detached."""
+    start: Mark
+    marks: list[tuple[str, int, str, Mark, Mark]] = field(default_factory=list)
+    """(module, stage, phase, start, end) per module and phase when timeline is on."""
+
+
+@dataclass(slots=True)
+class _StepState:
+    outputs: dict[str, torch.Tensor] = field(default_factory=dict)
+    inputs: dict[Key, torch.Tensor] = field(default_factory=dict)
+    grads: dict[str, torch.Tensor] = field(default_factory=dict)
+    losses: dict[str, torch.Tensor] = field(default_factory=dict)
+    shares: list[torch.Tensor] = field(default_factory=list)
+    done: dict[str, Any] = field(default_factory=dict)
+    keep: list[torch.Tensor] = field(default_factory=list)
+
+
+class _Autocast(nn.Module):
+    """The module under bf16 autocast; graphed as a whole, so eager and graphs run one code.
+    The autocast cache must be off for CUDA-graph capture."""
+
+    def __init__(self, inner: nn.Module, enabled: bool) -> None:
+        super().__init__()
+        self.inner = inner
+        self.enabled = enabled
+
+    def forward(self, *args: torch.Tensor) -> Any:
+        if not self.enabled:
+            return self.inner(*args)
+        with torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=False):
+            return self.inner(*args)
+
+
+class PlanRunner:
+    """Executes training steps of `plan` for the modules this rank holds."""
+
+    def __init__(self, *, plan: Plan, graph: MMGraph, modules: dict[str, nn.Module],
+                 comm: PlanComm, pool: Any = None, config: RunnerConfig | None = None,
+                 device: torch.device | str = "cpu") -> None:
+        self.plan, self.graph, self.comm = plan, graph, comm
+        self.config = config or RunnerConfig()
+        self.device = torch.device(device)
+        self.rank = comm.rank
+        self.cuda = self.device.type == "cuda"
+        if self.config.graphs and not self.cuda:
+            raise EngineError("graphs=True needs a CUDA device; use graphs=False (eager) on CPU")
+        self.stage_modules = [[p.module for p in s.placements if self.rank in p.gpus]
+                              for s in plan.stages]
+        self.local = [m for ms in self.stage_modules for m in ms]
+        missing = [m for m in self.local if m not in modules]
+        if missing:
+            raise EngineError(f"modules {missing} are placed on rank {self.rank} but not built; "
+                              "pass every module the plan places on this GPU")
+        self.modules = {m: modules[m] for m in self.local}
+        self.global_batch = {m: bool(getattr(modules[m], "needs_global_batch", False))
+                             for m in self.local}
+        for m, needs in self.global_batch.items():
+            if needs and graph.successors(m):
+                raise EngineError(f"module {m!r} needs the global batch but feeds "
+                                  f"{graph.successors(m)}; only a sink (the loss) may need it")
+        amp = self.cuda if self.config.amp is None else self.config.amp
+        self._callables: dict[str, Any] = {m: _Autocast(self.modules[m], amp) for m in self.local}
+        self._main = torch.cuda.current_stream(self.device) if self.cuda else None
+        self._streams = {m: self._stream_for(m, pool) for m in self.local}
+        routes = routes_for(plan, graph)
+        self._routes_into = [[r for r in routes if plan.stage_of(r.dst) == t]
+                             for t in range(len(plan.stages))]
+        self.timer = Timer(self.device)
+        self._samples: dict[str, tuple[torch.Tensor, ...]] | None = None
+        self.graphed = False
+
+    # --- set-up helpers ------------------------------------------------------------------
+    def _stream_for(self, module: str, pool: Any) -> Any:
+        if not self.cuda:
+            return None
+        placement = self.plan.placement(module)
+        if self.plan.stages[self.plan.stage_of(module)].sharing == "temporal":
+            return self._main
+        if pool is not None:
+            return pool.stream(module)
+        high = min(torch.cuda.Stream.priority_range())  # lower number = more urgent
+        return torch.cuda.Stream(self.device, priority=high if placement.priority else 0)
+
+    def parameters(self) -> list[nn.Parameter]:
+        """Parameters of the modules on this rank (what this rank's optimizer updates)."""
+        return [p for m in self.local for p in self.modules[m].parameters()]
+
+    def local_batch(self, batch: dict[str, tuple[torch.Tensor, ...]]) -> dict[str, tuple[torch.Tensor, ...]]:
+        """This rank's samples of each local module's own inputs, on the device.
+        Call before the timed region: it copies host data."""
+        out = {}
+        for m in self.local:
+            if m not in batch:
+                continue
+            start, stop = self._sample_range(m)
+            out[m] = tuple(t[start:stop].to(self.device, non_blocking=True) for t in batch[m])
+        return out
+
+    def _sample_range(self, module: str) -> tuple[int, int]:
+        if self.global_batch[module]:
+            return 0, self.graph.global_batch
+        return sample_range(self.graph.global_batch, self.plan.placement(module).gpus, self.rank)
+
+    # --- one step ------------------------------------------------------------------------
+    def step(self, data: dict[str, tuple[torch.Tensor, ...]]) -> StepOutput:
+        """Forward and backward of every local module, gradients all-reduced. `data` comes
+        from `local_batch`. The optimizer step is the caller's (on the same stream)."""
+        st = _StepState()
+        out = StepOutput(loss=torch.zeros((), device=self.device), start=self.timer.mark(self._main))
+        with self._on(self._main):
+            for t in range(len(self.plan.stages)):
+                self._forward_stage(t, data, st, out)
+            for t in reversed(range(len(self.plan.stages))):
+                self._backward_stage(t, st, out)
+            self._main_waits(st, set(st.done))  # join: see "Streams" in the module doc
+            if st.shares:
+                out.loss = torch.stack([s.float() for s in st.shares]).sum()
+        return out
+
+    def _forward_stage(self, t: int, data: dict, st: _StepState, out: StepOutput) -> None:
+        routes = self._routes_into[t]
+        self._main_waits(st, {r.src for r in routes})
+        for key, x in self.comm.forward(routes, st.outputs).items():
+            st.inputs[key] = x.detach().requires_grad_(x.is_floating_point())
+        ready = self._record(self._main)
+        for m in self.stage_modules[t]:
+            stream = self._streams[m]
+            with self._on(stream):
+                self._wait(stream, ready)
+                start = self._mark(stream)
+                self._forward_module(m, data.get(m, ()), st)
+                st.done[m] = self._record(stream)
+                self._add_mark(out, m, t, "fwd", start, stream)
+
+    def _forward_module(self, m: str, own: tuple[torch.Tensor, ...], st: _StepState) -> None:
+        """Run module m. Contrastive heads (`needs_global_batch`) all-gather their inputs over
+        their DP group, the local slice being the live tensor (open_clip's trick), so every
+        replica computes the same global loss L. Gradient scaling, exact for any DP degree b:
+        - inputs: replica j's live slice receives dL/dx_j exactly (other slices are
+          constants in its graph), so encoder gradients need no scaling and sum over
+          encoder replicas to the true gradient;
+        - head parameters: every replica computes the full dL/dtheta (theta touches all N
+          samples in its own graph), so the SUM all-reduce is divided by b (an average);
+        - the reported loss share is L / b, so shares sum to L over the world.
+        Per-sample-mean sinks scale their local mean by n_local / N instead (see module doc)."""
+        preds = [st.inputs[(p, m)] for p in self.graph.predecessors(m)]
+        placement = self.plan.placement(m)
+        if self.global_batch[m]:
+            preds = [self.comm.gather_batch(x, placement.gpus) for x in preds]
+            st.keep.extend(preds)
+        args = (*own, *preds)
+        if self.config.graphs and not self.graphed:
+            self._record_samples(m, args)
+        result = self._callables[m](*args)
+        if self.graph.successors(m):
+            if not isinstance(result, torch.Tensor):
+                raise EngineError(f"module {m!r} returned {type(result).__name__}; a module "
+                                  "feeding others must return one tensor (batch first)")
+            st.outputs[m] = result
+            return
+        if not isinstance(result, torch.Tensor) or result.dim() != 0:
+            raise EngineError(f"sink {m!r} must return a scalar loss tensor, got "
+                              f"{getattr(result, 'shape', type(result).__name__)}")
+        dp = placement.dp_degree
+        if self.global_batch[m]:
+            st.losses[m] = result
+            st.shares.append(result.detach() / dp)
+        else:
+            start, stop = self._sample_range(m)
+            st.losses[m] = result * ((stop - start) / self.graph.global_batch)
+            st.shares.append(st.losses[m].detach())
+
+    def _backward_stage(self, t: int, st: _StepState, out: StepOutput) -> None:
+        ready = self._record(self._main)
+        for m in reversed(self.stage_modules[t]):
+            stream = self._streams[m]
+            with self._on(stream):
+                self._wait(stream, ready)
+                start = self._mark(stream)
+                if m in st.losses:
+                    torch.autograd.backward(st.losses[m])
+                elif st.outputs[m].requires_grad and m in st.grads:
+                    torch.autograd.backward(st.outputs[m], st.grads[m])
+                st.done[m] = self._record(stream)
+                self._add_mark(out, m, t, "bwd", start, stream)
+        routes = self._routes_into[t]
+        self._main_waits(st, set(self.stage_modules[t]))
+        self.comm.backward(routes, st.inputs, st.outputs, st.grads)
+        for m in self.stage_modules[t]:
+            placement = self.plan.placement(m)
+            divide_by = placement.dp_degree if self.global_batch[m] else 1
+            self.comm.all_reduce_grads(list(self.modules[m].parameters()), placement.gpus,
+                                       divide_by=divide_by)
+
+    # --- streams and events (no-ops on CPU) ----------------------------------------------
+    def _on(self, stream: Any) -> Any:
+        return torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
+
+    def _record(self, stream: Any) -> Any:
+        if not self.cuda:
+            return None
+        event = torch.cuda.Event()
+        event.record(stream)
+        return event
+
+    def _wait(self, stream: Any, event: Any) -> None:
+        if self.cuda and stream is not self._main:
+            stream.wait_event(event)
+
+    def _main_waits(self, st: _StepState, modules: set[str]) -> None:
+        if self.cuda:
+            for m in sorted(modules):
+                if m in st.done:
+                    self._main.wait_event(st.done[m])
+
+    def _mark(self, stream: Any) -> Mark | None:
+        return self.timer.mark(stream) if self.config.timeline else None
+
+    def _add_mark(self, out: StepOutput, m: str, t: int, phase: str, start: Mark | None,
+                  stream: Any) -> None:
+        if start is not None:
+            out.marks.append((m, t, phase, start, self.timer.mark(stream)))
+
+    # --- CUDA graphs ---------------------------------------------------------------------
+    def _record_samples(self, m: str, args: tuple[torch.Tensor, ...]) -> None:
+        # Real values, not empty_like: token ids must stay valid indices during warm-up.
+        if self._samples is None:
+            self._samples = {}
+        self._samples[m] = tuple(a.detach().clone().requires_grad_(a.requires_grad) for a in args)
+
+    def capture_graphs(self) -> None:
+        """Capture every local module's forward and backward as CUDA graphs, each on the
+        module's own stream. Needs one eager step first (it fixes the shapes)."""
+        if not self.config.graphs or self.graphed:
+            return
+        if self._samples is None:
+            raise EngineError("capture_graphs() needs one eager step first: call step() once")
+        torch.cuda.synchronize(self.device)
+        side = torch.cuda.Stream(self.device)
+        saved = torch.cuda.graph.default_capture_stream
+        try:
+            for m in self.local:
+                # make_graphed_callables captures on graph.default_capture_stream. A graph
+                # captured elsewhere and replayed on a green-context stream ignores the quota
+                # (measured, DESIGN.md), so capture on the module's own stream. Temporal
+                # modules run on the main stream, which may be the legacy default stream
+                # (capture is illegal there) and has no quota: capture them on a side stream.
+                stream = self._streams[m]
+                torch.cuda.graph.default_capture_stream = side if stream is self._main else stream
+                self._callables[m] = torch.cuda.make_graphed_callables(
+                    self._callables[m], self._samples[m], allow_unused_input=True)
+        finally:
+            torch.cuda.graph.default_capture_stream = saved
+        torch.cuda.synchronize(self.device)
+        self._samples = None
+        self.graphed = True
+
+    # --- timeline ------------------------------------------------------------------------
+    def timeline(self, out: StepOutput) -> list[dict[str, Any]]:
+        """Start/end of each module's forward and backward, seconds from the step's start
+        (synchronises: call after the timed region)."""
+        events = []
+        for m, stage, phase, start, end in out.marks:
+            events.append({
+                "module": m, "stage": stage, "gpu": self.rank, "phase": phase,
+                "start_s": self.timer.seconds(out.start, start),
+                "end_s": self.timer.seconds(out.start, end),
+                "sm_share": self.plan.placement(m).sm_share,
+            })
+        return events

@@ -1,0 +1,318 @@
+"""Engine on CPU, one process: the runner trains, and equals a plain training loop.
+
+A toy model (tiny hand-made modules, zoo calling convention) keeps these fast and independent
+of the zoo; the zoo's tiny presets are run too when present. `test_engine_dist.py` reuses
+the toy model and the reference loop.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import zlib
+from collections.abc import Iterable
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from mosaic.engine.comm import CommError, pieces, sample_range
+from mosaic.engine.runner import EngineError, PlanRunner, RunnerConfig
+from mosaic.engine.timer import Timer
+from mosaic.engine.trainer import (
+    OPTIMIZERS,
+    TrainConfig,
+    TrainError,
+    build_modules,
+    make_batch,
+    train,
+    train_from_cli,
+)
+from mosaic.graph import MMGraph, ModuleSpec
+from mosaic.plan import Placement, Plan, Stage
+
+# --- a toy model with the zoo's calling convention ------------------------------------------------
+
+
+class Vision(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(12, 16), nn.Linear(16, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(torch.tanh(self.fc1(x)))
+
+
+class Text(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb, self.fc = nn.Embedding(20, 16), nn.Linear(16, 8)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.emb(ids).mean(1))
+
+
+class Adapter(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.fc(x))
+
+
+class Contrastive(nn.Module):
+    """Symmetric InfoNCE over the batch it is given, with a learnt temperature."""
+
+    needs_global_batch = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(8, 8)
+        self.logit_scale = nn.Parameter(torch.tensor(math.log(1 / 0.07)))
+
+    def forward(self, v: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        v, t = F.normalize(self.proj(v), dim=-1), F.normalize(t, dim=-1)
+        logits = self.logit_scale.exp() * v @ t.T
+        labels = torch.arange(len(v), device=v.device)
+        return (F.cross_entropy(logits, labels) + F.cross_entropy(logits.T, labels)) / 2
+
+
+class Sink(nn.Module):
+    """A per-sample-mean loss (the LLM kind): own labels first, then predecessor outputs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(16, 5)
+
+    def forward(self, labels: torch.Tensor, a: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(self.fc(torch.cat([a, t], dim=-1)), labels)
+
+
+TOYS = {
+    "toyclip": ({"vision": Vision, "text": Text, "head": Contrastive},
+                (("vision", "head"), ("text", "head"))),
+    "toyvlm": ({"vision": Vision, "adapter": Adapter, "text": Text, "llm": Sink},
+               (("vision", "adapter"), ("adapter", "llm"), ("text", "llm"))),
+}
+
+
+class ToyModel:
+    """The zoo-model protocol (build_modules, make_inputs, graph) over TOYS."""
+
+    def __init__(self, name: str, global_batch: int = 12) -> None:
+        self.name = name
+        self.factories, self.edges = TOYS[name]
+        self.global_batch = global_batch
+
+    def build_modules(self, preset: str, device="cpu", dtype=torch.float32, *,
+                      names: Iterable[str] | None = None, seed: int = 0) -> dict[str, nn.Module]:
+        wanted = set(self.factories if names is None else names)
+        out = {}
+        for name, factory in self.factories.items():
+            if name in wanted:
+                torch.manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
+                out[name] = factory().to(device=device, dtype=dtype)
+        return out
+
+    def make_inputs(self, preset: str, batch_size: int, generator: torch.Generator,
+                    device="cpu") -> dict[str, tuple[torch.Tensor, ...]]:
+        data = {"vision": (torch.randn(batch_size, 12, generator=generator),),
+                "text": (torch.randint(0, 20, (batch_size, 5), generator=generator),),
+                "llm": (torch.randint(0, 5, (batch_size,), generator=generator),)}
+        return {k: tuple(t.to(device) for t in v) for k, v in data.items() if k in self.factories}
+
+    def graph(self, preset: str, global_batch: int | None = None) -> MMGraph:
+        kinds = {"head": "head", "llm": "llm"}
+        specs = tuple(
+            ModuleSpec(name=n, kind=kinds.get(n, "encoder"), input_shape=(12,), num_params=1000,
+                       flops_per_sample=1e6, activation_bytes_per_sample=1e3,
+                       output_bytes_per_sample=32.0)
+            for n in self.factories)
+        return MMGraph(name=self.name, modules=specs, edges=self.edges,
+                       global_batch=global_batch or self.global_batch, preset=preset)
+
+
+def reference_state(model, preset: str, steps: int, lr: float, seed: int = 0,
+                    global_batch: int | None = None, optimizer: str = "sgd") -> dict[str, torch.Tensor]:
+    """Plain single-process training on the global batch, all modules in one optimizer, no
+    plan. SGD by default: Adam is invariant to a constant gradient scale, so it would hide
+    a wrong loss or all-reduce scaling."""
+    graph = model.graph(preset, global_batch)
+    modules = build_modules(model, preset, graph.names, seed)
+    params = [p for m in modules.values() for p in m.parameters()]
+    optimizer = OPTIMIZERS[optimizer](params, lr=lr, weight_decay=0.0)
+    for step in range(steps):
+        data = make_batch(model, preset, graph.global_batch, seed, step)
+        outputs: dict[str, torch.Tensor] = {}
+        for name in graph.topo_order():
+            preds = [outputs[p] for p in graph.predecessors(name)]
+            outputs[name] = modules[name](*data.get(name, ()), *preds)
+        loss = sum(outputs[s] for s in graph.sinks)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+    return state_of(modules)
+
+
+def state_of(modules: dict[str, nn.Module]) -> dict[str, torch.Tensor]:
+    return {f"{m}.{k}": v.detach().to("cpu", copy=True).contiguous()
+            for m, mod in modules.items() for k, v in mod.state_dict().items()}
+
+
+def assert_state_close(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor],
+                       rtol: float = 1e-4, atol: float = 1e-5) -> None:
+    """Float32 tolerance: only the summation order differs from the reference."""
+    assert got.keys() <= want.keys()
+    for key, value in got.items():
+        torch.testing.assert_close(value, want[key], rtol=rtol, atol=atol,
+                                   msg=lambda m, k=key: f"{k}: {m}")
+
+
+def one_gpu_plans(graph: MMGraph) -> dict[str, Plan]:
+    """Temporal, free, partition and cap plans of a graph on one GPU (one stage per level)."""
+    plans = {}
+    for sharing in ("temporal", "free", "partition", "cap"):
+        stages = []
+        for level in graph.levels():
+            share = {"partition": 0.9 / len(level), "cap": 0.5}.get(sharing, 1.0)
+            stages.append(Stage(sharing=sharing, placements=tuple(
+                Placement(module=m, gpus=(0,), sm_share=share, priority=int(i == 0 and sharing == "free"))
+                for i, m in enumerate(level))))
+        plans[sharing] = Plan(model=graph.name, planner=f"manual-{sharing}", num_gpus=1,
+                              stages=tuple(stages))
+    return plans
+
+
+# --- sample layout ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("n,src,dst", [
+    (12, (0,), (0,)), (12, (0, 1), (1,)), (12, (0, 1, 2, 3), (2, 3)), (12, (0, 1, 2, 3), (3, 1, 0)),
+    (12, (1, 0), (0, 1)), (24, (0, 1, 2), (0, 1, 2, 3)), (6, (2,), (0, 1, 2)),
+])
+def test_pieces_tile_both_layouts(n, src, dst):
+    got = pieces(n, src, dst)
+    for rank in dst:  # each consumer gets exactly its interval, in order
+        mine = [p for p in got if p.dst == rank]
+        start, stop = sample_range(n, dst, rank)
+        assert mine[0].start == start and mine[-1].stop == stop
+        assert all(a.stop == b.start for a, b in zip(mine, mine[1:], strict=False))
+    for rank in src:  # each producer sample goes to exactly one consumer
+        start, stop = sample_range(n, src, rank)
+        covered = sorted(i for p in got if p.src == rank for i in range(p.start, p.stop))
+        assert covered == list(range(start, stop))
+
+
+# --- single-process training ---------------------------------------------------------------------------
+
+def test_loss_falls_over_20_steps(tmp_path):
+    model = ToyModel("toyclip")
+    plan = one_gpu_plans(model.graph("tiny"))["free"]
+    metrics = tmp_path / "m.jsonl"
+    result = train(TrainConfig(device="cpu", model="toyclip", plan=plan, steps=20, lr=1e-2,
+                               metrics_path=str(metrics), timeline=True), model=model)
+    losses = [s["loss"] for s in result.steps]
+    assert losses[-1] < 0.8 * losses[0]
+    lines = [json.loads(line) for line in metrics.read_text().splitlines()]
+    assert [row["step"] for row in lines] == list(range(20))
+    assert {"loss", "step_time_s", "samples_per_s", "warmup"} <= lines[0].keys()
+    summary = result.summary
+    assert summary["final_loss"] == losses[-1] and summary["step_time_median_s"] > 0
+    assert summary["pool"]["backend"] == "cpu"
+    json.dumps(result.to_dict())
+    phases = {(e["module"], e["phase"]) for e in result.timeline}
+    assert phases == {(m, p) for m in ("vision", "text", "head") for p in ("fwd", "bwd")}
+    assert all(0 <= e["start_s"] <= e["end_s"] for e in result.timeline)
+
+
+@pytest.mark.parametrize("toy", ["toyclip", "toyvlm"])
+@pytest.mark.parametrize("sharing", ["temporal", "free", "partition", "cap"])
+def test_one_gpu_equals_reference_loop(toy, sharing):
+    model = ToyModel(toy)
+    plan = one_gpu_plans(model.graph("tiny"))[sharing]
+    for optimizer in ("sgd", "adamw"):
+        result = train(TrainConfig(device="cpu", model=toy, plan=plan, steps=3, warmup_steps=0, lr=1e-2,
+                                   optimizer=optimizer), model=model)
+        want = reference_state(model, "tiny", 3, 1e-2, optimizer=optimizer)
+        assert_state_close(state_of(result.modules), want)
+
+
+ZOO_MODELS = ["clip", "imagebind", "qwen3-vl", "ofasys"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ZOO_MODELS)
+def test_zoo_tiny_trains_and_equals_reference(name):
+    zoo = pytest.importorskip("mosaic.zoo")
+    if name not in zoo.MODELS:
+        pytest.skip(f"zoo has no {name!r} yet")
+    model = zoo.get_model(name)
+    plan = one_gpu_plans(model.graph("tiny"))["free"]
+    result = train(TrainConfig(device="cpu", model=name, plan=plan, steps=3, warmup_steps=0, lr=1e-3,
+                               optimizer="sgd"), model=model)
+    assert all(math.isfinite(s["loss"]) for s in result.steps)
+    assert_state_close(state_of(result.modules), reference_state(model, "tiny", 3, 1e-3))
+
+
+# --- errors fail before the first step, and write nothing ---------------------------------------------
+
+def test_plan_for_more_gpus_than_processes_fails_before_building(tmp_path):
+    model = ToyModel("toyclip")
+    plan = Plan(model="toyclip", planner="manual", num_gpus=2, stages=(
+        Stage(placements=(Placement(module="vision", gpus=(0,)), Placement(module="text", gpus=(1,)))),
+        Stage(placements=(Placement(module="head", gpus=(0, 1)),))))
+    metrics = tmp_path / "m.jsonl"
+    with pytest.raises(CommError, match="torchrun --nproc-per-node 2"):
+        train(TrainConfig(device="cpu", model="toyclip", plan=plan, steps=3, metrics_path=str(metrics)), model=model)
+    assert not metrics.exists()
+
+
+def test_invalid_plan_fails_with_one_line(tmp_path):
+    model = ToyModel("toyclip")
+    plan = Plan(model="toyclip", planner="manual", num_gpus=1, stages=(
+        Stage(placements=(Placement(module="vision", gpus=(0,)),)),
+        Stage(placements=(Placement(module="head", gpus=(0,)),))))
+    with pytest.raises(TrainError, match=r"\['text'\] are not placed") as info:
+        train(TrainConfig(device="cpu", model="toyclip", plan=plan, steps=3), model=model)
+    assert "\n" not in str(info.value)
+    bad_share = Plan(model="toyclip", planner="manual", num_gpus=1, stages=(
+        Stage(sharing="partition", placements=(Placement(module="vision", gpus=(0,), sm_share=1.5),
+                                               Placement(module="text", gpus=(0,), sm_share=0.5))),
+        Stage(placements=(Placement(module="head", gpus=(0,)),))))
+    with pytest.raises(TrainError, match="quota beyond the GPU"):
+        train(TrainConfig(device="cpu", model="toyclip", plan=bad_share, steps=3), model=model)
+
+
+def test_plan_file_errors_and_config_errors(tmp_path):
+    with pytest.raises(TrainError, match="cannot read plan file"):
+        train(TrainConfig(device="cpu", model="toyclip", plan_path=str(tmp_path / "missing.json")),
+              model=ToyModel("toyclip"))
+    with pytest.raises(TrainError, match="exactly one of"):
+        TrainConfig(device="cpu", model="toyclip")
+    with pytest.raises(TrainError, match="warmup_steps"):
+        TrainConfig(device="cpu", model="toyclip", planner="megatron", steps=2, warmup_steps=2)
+    with pytest.raises(TrainError, match="torchrun --standalone --nproc-per-node 2"):
+        train_from_cli("clip", planner="megatron", gpus=2)
+
+
+def test_runner_rejects_graphs_on_cpu_and_missing_modules():
+    from mosaic.engine.comm import PlanComm
+
+    model = ToyModel("toyclip")
+    graph = model.graph("tiny")
+    plan = one_gpu_plans(graph)["temporal"]
+    comm = PlanComm.create(plan)
+    with pytest.raises(EngineError, match="graphs=True needs a CUDA device"):
+        PlanRunner(plan=plan, graph=graph, modules=model.build_modules("tiny"), comm=comm,
+                   config=RunnerConfig(graphs=True))
+    with pytest.raises(EngineError, match=r"\['head'\] are placed on rank 0 but not built"):
+        PlanRunner(plan=plan, graph=graph, modules=model.build_modules("tiny", names=["vision", "text"]),
+                   comm=comm)
+
+
+def test_cpu_timer_measures_host_time():
+    timer = Timer("cpu")
+    start = timer.mark()
+    sum(range(10000))
+    assert timer.seconds(start, timer.mark()) > 0
