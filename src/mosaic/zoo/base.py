@@ -1,0 +1,241 @@
+"""A zoo model: real nn.Modules, synthetic data and the MMGraph of their measured costs.
+
+Calling convention (the engine relies on it)
+--------------------------------------------
+* `build_modules(preset)` returns one `ZooModule` per graph module, keyed by name, in graph
+  (topological) order. Weights are a function of (seed, module name, device type), so every
+  rank that builds a module gets the same weights, whatever else it builds.
+* `make_inputs(preset, batch_size, generator, device)` returns, for EVERY module, the tuple of
+  its own data inputs (empty for modules fed only by other modules). Every tensor has the batch
+  on axis 0, so data parallelism shards a batch by slicing axis 0 of each tensor.
+* `module(*inputs[name], *[outputs[p] for p in graph.predecessors(name)])`: a module takes its
+  own data inputs first, then its predecessors' outputs in edge order.
+* Encoders and embeddings return ONE tensor with the batch on axis 0 ([B, N, D] or [B, D]).
+* The sink returns a scalar loss:
+  - LLM sinks: mean token cross-entropy of the text positions against labels that are the
+    sink's own data input; a mean over its local batch, so data parallel ranks average it.
+  - Contrastive heads (CLIP, ImageBind): symmetric InfoNCE over the batch they are given.
+    They set `needs_global_batch = True`: the engine all-gathers their inputs across data
+    parallel ranks (all other modules: False).
+* No dropout anywhere, fused SDPA attention; float32 on CPU and bf16 autocast on the GPU both
+  work. `loss(modules, inputs)` runs the whole model in one process: the reference the
+  distributed engine must match.
+
+Cost facts
+----------
+`graph(preset)` counts each module's forward + backward FLOPs (FlopCounterMode), the bytes
+autograd saves for backward (saved_tensors_hooks, at bf16) and the kernel count on fake
+tensors (see `mosaic.zoo.cost`), once per (model, preset) per process; `global_batch` only
+rescales the graph.
+"""
+
+from __future__ import annotations
+
+import functools
+import zlib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from mosaic.graph import GraphError, MMGraph, ModuleSpec
+from mosaic.zoo.common import ZooModule
+from mosaic.zoo.configs import ModuleConfig, Shape
+from mosaic.zoo.cost import COUNT_BATCH, ModuleCost, count_graph
+
+Device = str | torch.device
+
+
+@dataclass(frozen=True, kw_only=True)
+class Preset:
+    """One size of a zoo model: per-module size configs and the global batch."""
+
+    name: str
+    global_batch: int
+    """Samples per training iteration."""
+    modules: Mapping[str, ModuleConfig]
+    """Module name -> size config, in graph (topological) order."""
+    note: str = ""
+    """How the sizes were chosen."""
+
+    def __post_init__(self) -> None:
+        if self.global_batch < 1:
+            raise GraphError(f"preset {self.name!r}: global_batch={self.global_batch} must be >= 1")
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class ZooModel:
+    """A multimodal model of the zoo. Compared and hashed by identity (one instance per model)."""
+
+    name: str
+    description: str
+    edges: tuple[tuple[str, str], ...]
+    presets: Mapping[str, Preset]
+    paper_tflops: Mapping[str, float] = field(default_factory=dict)
+    """Table 1 of the paper: TFLOPs per iteration by module, where the paper gives them."""
+
+    def __post_init__(self) -> None:
+        names = self.module_names
+        for preset in self.presets.values():
+            if list(preset.modules) != names:
+                raise GraphError(
+                    f"model {self.name!r}: preset {preset.name!r} has modules {list(preset.modules)}, "
+                    f"expected {names} (every preset has the same modules in the same order)"
+                )
+        for src, dst in self.edges:
+            if src not in names or dst not in names or names.index(src) >= names.index(dst):
+                raise GraphError(
+                    f"model {self.name!r}: edge {src}->{dst} must join modules listed in topological order {names}"
+                )
+
+    # --- structure ---------------------------------------------------------------------
+    @property
+    def module_names(self) -> list[str]:
+        return list(next(iter(self.presets.values())).modules)
+
+    def preset(self, name: str) -> Preset:
+        if name not in self.presets:
+            raise GraphError(
+                f"model {self.name!r} has no preset {name!r}; valid presets: {', '.join(self.presets)}"
+            )
+        return self.presets[name]
+
+    def predecessors(self, name: str) -> list[str]:
+        return [src for src, dst in self.edges if dst == name]
+
+    def in_shapes(self, preset: str) -> dict[str, list[Shape]]:
+        """Per-sample output shapes of each module's predecessors, in edge order."""
+        configs = self.preset(preset).modules
+        out: dict[str, Shape] = {}
+        shapes: dict[str, list[Shape]] = {}
+        for name, config in configs.items():
+            shapes[name] = [out[p] for p in self.predecessors(name)]
+            out[name] = config.out_shape(shapes[name])
+        return shapes
+
+    # --- modules and data ----------------------------------------------------------------
+    def build_modules(
+        self,
+        preset: str,
+        device: Device = "cpu",
+        dtype: torch.dtype = torch.float32,
+        *,
+        names: Iterable[str] | None = None,
+        seed: int = 0,
+    ) -> dict[str, ZooModule]:
+        """Randomly initialised modules (all, or only `names`), in graph order, in train mode."""
+        configs = self.preset(preset).modules
+        wanted = set(configs) if names is None else set(names)
+        unknown = wanted - set(configs)
+        if unknown:
+            raise GraphError(
+                f"model {self.name!r} has no module(s) {sorted(unknown)}; modules: {list(configs)}"
+            )
+        shapes = self.in_shapes(preset)
+        device = torch.device(device)
+        return {
+            name: _build_one(config, shapes[name], device, seed, name)
+            .to(device=device, dtype=dtype)
+            .train()
+            for name, config in configs.items()
+            if name in wanted
+        }
+
+    def make_inputs(
+        self,
+        preset: str,
+        batch_size: int,
+        generator: torch.Generator,
+        device: Device = "cpu",
+        dtype: torch.dtype = torch.float32,
+    ) -> dict[str, tuple[Tensor, ...]]:
+        """Synthetic data inputs of every module (possibly empty), drawn in graph order.
+
+        Drawn on the generator's device, then moved: a CPU generator gives the same data on
+        every device. Floating inputs are cast to `dtype`; token ids stay int64.
+        """
+        if batch_size < 1:
+            raise GraphError(f"make_inputs: batch_size={batch_size} must be >= 1")
+        return {
+            name: tuple(_to(t, device, dtype) for t in config.make_inputs(batch_size, generator))
+            for name, config in self.preset(preset).modules.items()
+        }
+
+    def loss(
+        self, modules: Mapping[str, ZooModule], inputs: Mapping[str, tuple[Tensor, ...]]
+    ) -> Tensor:
+        """Run every module in graph order in this process; returns the sink's loss."""
+        outputs: dict[str, Tensor] = {}
+        for name in self.module_names:
+            upstream = [outputs[p] for p in self.predecessors(name)]
+            outputs[name] = modules[name](*inputs[name], *upstream)
+        return outputs[self.module_names[-1]]
+
+    # --- cost graph ----------------------------------------------------------------------
+    def graph(self, preset: str, global_batch: int | None = None) -> MMGraph:
+        """The MMGraph of this model at `preset`, costs counted on the real modules."""
+        chosen = self.preset(preset)
+        costs = _measured_costs(self, preset)
+        shapes = self.in_shapes(preset)
+        specs = tuple(
+            _module_spec(name, config, shapes[name], costs[name])
+            for name, config in chosen.modules.items()
+        )
+        return MMGraph(
+            name=self.name,
+            modules=specs,
+            edges=self.edges,
+            global_batch=chosen.global_batch if global_batch is None else global_batch,
+            preset=preset,
+            meta={"description": self.description, "note": chosen.note, "count_batch": COUNT_BATCH},
+        )
+
+
+def _build_one(
+    config: ModuleConfig, in_shapes: list[Shape], device: torch.device, seed: int, name: str
+) -> ZooModule:
+    # Seed per module so a rank building a subset gets the same weights as one building all.
+    module_seed = seed * 1_000_003 + zlib.crc32(name.encode())
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        torch.manual_seed(module_seed)
+        with device:
+            return config.build(in_shapes)
+
+
+def _to(t: Tensor, device: Device, dtype: torch.dtype) -> Tensor:
+    return t.to(device=device, dtype=dtype if t.is_floating_point() else t.dtype)
+
+
+@functools.lru_cache(maxsize=64)
+def _measured_costs(model: ZooModel, preset: str) -> dict[str, ModuleCost]:
+    configs = model.preset(preset).modules
+    shapes = model.in_shapes(preset)
+    generator = torch.Generator().manual_seed(0)
+    # Building draws random weights: leave the caller's RNG as it was.
+    with torch.random.fork_rng(devices=[]):
+        return count_graph(
+            order=list(configs),
+            predecessors={name: model.predecessors(name) for name in configs},
+            build=lambda name: configs[name].build(shapes[name]),
+            make_inputs=lambda batch: model.make_inputs(preset, batch, generator),
+        )
+
+
+def _module_spec(
+    name: str, config: ModuleConfig, in_shapes: list[Shape], cost: ModuleCost
+) -> ModuleSpec:
+    assert cost.out_shape == config.out_shape(in_shapes), (name, cost.out_shape)
+    return ModuleSpec(
+        name=name,
+        kind=config.kind,
+        input_shape=config.input_shape,
+        num_params=cost.num_params,
+        num_layers=config.num_layers,
+        hidden_dim=config.hidden_dim,
+        tokens_per_sample=config.tokens_per_sample(in_shapes),
+        flops_per_sample=cost.flops_per_sample,
+        activation_bytes_per_sample=cost.activation_bytes_per_sample,
+        output_bytes_per_sample=cost.output_bytes_per_sample,
+        num_kernels=cost.num_kernels,
+    )
