@@ -6,6 +6,7 @@ Every user error ends as one line on stderr and exit status 2, never a traceback
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -38,8 +39,12 @@ def load_graph(model: str, preset: str, global_batch: int | None = None):
 
 
 def load_perf_model(name: str, cluster, preset: str = "small"):
+    """`auto`: the measured profile shipped for this hardware when there is one, else analytic."""
     from mosaic.perf import make_perf_model
+    from mosaic.profile.db import has_shipped_db
 
+    if name == "auto":
+        name = "profiled" if has_shipped_db(cluster.gpu.name) else "analytic"
     return make_perf_model(name, cluster, preset=preset)
 
 
@@ -88,6 +93,78 @@ def plan(
         from mosaic.report.tables import print_plan_table
 
         print_plan_table(summary)
+
+
+@app.command()
+def simulate(
+    model: Annotated[str, typer.Argument(help="zoo model name, or a graph .json file")],
+    plan_file: Annotated[Path, typer.Option("--plan", help="plan JSON (hand-written or from `mosaic plan`)")],
+    hardware: Annotated[str, typer.Option(help="h200 | h100")] = "h200",
+    preset: Annotated[str, typer.Option(help="paper | small | tiny")] = "paper",
+    batch: Annotated[int | None, typer.Option(help="global batch (default: the preset's)")] = None,
+    perf_model: Annotated[str, typer.Option("--perf-model", help="auto | profiled | analytic")] = "auto",
+    out: Annotated[Path | None, typer.Option(help="directory for the timeline PNG and trace")] = None,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """Validate a plan and predict its iteration time on any cluster size."""
+    from mosaic.hardware import make_cluster
+    from mosaic.plan import Plan
+    from mosaic.report.plans import plans_summary, write_plan_artifacts
+
+    plan_obj = Plan.load(plan_file)
+    cluster = make_cluster(plan_obj.num_gpus, hardware)
+    graph = load_graph(model, preset, batch)
+    perf = load_perf_model(perf_model, cluster, preset)
+    predicted = perf.predict(plan_obj.validate(graph, cluster), graph)
+    out = out or Path("runs") / f"simulate-{graph.name}-{plan_obj.num_gpus}"
+    files = write_plan_artifacts([predicted], graph, perf, out)
+    summary = plans_summary([predicted], graph, perf, files, hardware=hardware)
+    if as_json:
+        typer.echo(json.dumps(summary, indent=2))
+    else:
+        from mosaic.report.tables import print_plan_table
+
+        print_plan_table(summary)
+
+
+@app.command()
+def train(
+    model: Annotated[str, typer.Argument(help="zoo model name")],
+    plan_file: Annotated[Path | None, typer.Option("--plan", help="plan JSON to train with")] = None,
+    planner: Annotated[str | None, typer.Option(help="plan with this planner instead of --plan")] = None,
+    gpus: Annotated[int | None, typer.Option(help="GPUs (= processes); default: the world size")] = None,
+    steps: Annotated[int, typer.Option(help="optimizer steps")] = 20,
+    preset: Annotated[str, typer.Option(help="paper | small | tiny")] = "tiny",
+    batch: Annotated[int | None, typer.Option(help="global batch (default: the preset's)")] = None,
+    metrics: Annotated[Path | None, typer.Option(help="JSONL file, one line per step")] = None,
+    graphs: Annotated[bool, typer.Option(help="per-module CUDA graphs (GPU)")] = False,
+    lr: Annotated[float, typer.Option(help="AdamW learning rate")] = 1e-4,
+    seed: Annotated[int, typer.Option(help="seed of weights and synthetic data")] = 0,
+    hardware: Annotated[str, typer.Option(help="h200 | h100 (for planning)")] = "h200",
+    out: Annotated[Path | None, typer.Option(help="directory for summary.json and plan.json")] = None,
+) -> None:
+    """Train MODEL with a plan: `torchrun --standalone --nproc-per-node N -m mosaic train ...`."""
+    from mosaic.engine.trainer import train_from_cli
+
+    if plan_file is None and planner is None:
+        planner = "mosaic"
+    result = train_from_cli(model, preset, str(plan_file) if plan_file else None, planner, gpus,
+                            steps, str(metrics) if metrics else None, graphs, lr=lr, seed=seed,
+                            global_batch=batch, hardware=hardware)
+    if int(os.environ.get("RANK", "0")) != 0:
+        return
+    summary = result.summary
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        result.plan.save(out / "plan.json")
+        (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+    typer.echo(
+        f"{summary['model']} ({summary['preset']}) plan={summary['planner']} "
+        f"gpus={summary['num_gpus']}: loss {summary['first_loss']:.4f} -> {summary['final_loss']:.4f}, "
+        f"step {summary['step_time_median_s'] * 1e3:.1f} ms median "
+        f"(p90 {summary['step_time_p90_s'] * 1e3:.1f}), {summary['samples_per_s']:.1f} samples/s, "
+        f"quotas {'enforced' if summary['pool'].get('enforced') else 'not enforced'}"
+    )
 
 
 def main() -> None:

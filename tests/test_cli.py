@@ -1,0 +1,95 @@
+"""The `mosaic` command end to end, as a user runs it (a subprocess: exit codes and stderr)."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import encoders_and_head
+
+
+def mosaic(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "mosaic", *args], capture_output=True, text=True,
+                          cwd=cwd, timeout=240)
+
+
+def one_line_error(result, needle):
+    assert result.returncode != 0
+    assert "Traceback" not in result.stderr
+    lines = [line for line in result.stderr.strip().splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
+    assert needle in lines[0]
+
+
+def test_plan_json_for_a_custom_graph(tmp_path):
+    graph = tmp_path / "g.json"
+    graph.write_text(encoders_and_head(3, batch=32).to_json())
+    result = mosaic("plan", str(graph), "--gpus", "4", "--out", str(tmp_path / "out"), "--json")
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout)
+    assert {"model", "gpus", "hardware", "perf_model", "plans"} <= summary.keys()
+    times = {p["planner"]: p["predicted_iteration_s"] for p in summary["plans"]}
+    assert {"megatron", "distmm", "spindle", "mosaic"} <= times.keys()
+    assert times["mosaic"] <= min(times.values()) * (1 + 1e-9)
+    for p in summary["plans"]:
+        assert (tmp_path / "out" / f"{p['planner']}.png").exists()
+        assert json.loads(Path(p["plan_file"]).read_text())["planner"] == p["planner"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", ["clip", "imagebind", "qwen3-vl", "unified-io-2", "ofasys"])
+def test_plan_every_zoo_model_on_8_gpus(model, tmp_path):
+    result = mosaic("plan", model, "--gpus", "8", "--out", str(tmp_path), "--json")
+    assert result.returncode == 0, result.stderr
+    plans = json.loads(result.stdout)["plans"]
+    best_baseline = min(p["predicted_iteration_s"] for p in plans if p["planner"] != "mosaic")
+    mosaic_time = next(p["predicted_iteration_s"] for p in plans if p["planner"] == "mosaic")
+    assert mosaic_time <= best_baseline * (1 + 1e-9)
+
+
+def test_unknown_model_is_one_line():
+    one_line_error(mosaic("plan", "gpt-17", "--gpus", "8"), "gpt-17")
+
+
+def test_zero_gpus_is_one_line():
+    one_line_error(mosaic("plan", "clip", "--gpus", "0", "--preset", "tiny"), "--gpus 0")
+
+
+def test_cyclic_custom_graph_is_one_line(tmp_path):
+    d = encoders_and_head(2).to_dict()
+    d["edges"].append(["head", "enc0"])
+    path = tmp_path / "cyclic.json"
+    path.write_text(json.dumps(d))
+    one_line_error(mosaic("plan", str(path), "--gpus", "2"), "cycle")
+
+
+def test_malformed_graph_json_is_one_line(tmp_path):
+    path = tmp_path / "broken.json"
+    path.write_text("{not json")
+    one_line_error(mosaic("plan", str(path), "--gpus", "2"), "not valid JSON")
+
+
+def test_malformed_plan_json_is_one_line(tmp_path):
+    graph = tmp_path / "g.json"
+    graph.write_text(encoders_and_head(2).to_json())
+    plan = tmp_path / "plan.json"
+    plan.write_text('{"model": "toy", "num_gpus": 2, "stages": [{"placements": [{"module": "enc0"}]}]}')
+    one_line_error(mosaic("simulate", str(graph), "--plan", str(plan)), "missing key")
+    plan.write_text("[1, 2")
+    one_line_error(mosaic("simulate", str(graph), "--plan", str(plan)), "not valid JSON")
+
+
+def test_simulate_a_hand_written_plan(tmp_path):
+    graph = tmp_path / "g.json"
+    graph.write_text(encoders_and_head(2, batch=8).to_json())
+    plan = {"model": "toy", "planner": "manual", "num_gpus": 1, "stages": [
+        {"sharing": "free", "placements": [{"module": "enc0", "gpus": [0], "priority": 1},
+                                           {"module": "enc1", "gpus": [0]}]},
+        {"placements": [{"module": "head", "gpus": [0]}]}]}
+    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    result = mosaic("simulate", str(graph), "--plan", str(tmp_path / "plan.json"), "--json",
+                    "--out", str(tmp_path / "sim"))
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["plans"][0]["predicted_iteration_s"] > 0
