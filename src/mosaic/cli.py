@@ -167,6 +167,47 @@ def train(
     )
 
 
+@app.command()
+def bench(
+    model: Annotated[str, typer.Argument(help="zoo model name")],
+    gpus: Annotated[int, typer.Option(help="GPUs (this command runs one process: 1)")] = 1,
+    preset: Annotated[str, typer.Option(help="paper | small | tiny")] = "small",
+    batch: Annotated[int | None, typer.Option(help="global batch (default: the preset's)")] = None,
+    planners: Annotated[str, typer.Option(help="comma-separated planners")] = DEFAULT_PLANNERS,
+    perf_model: Annotated[str, typer.Option("--perf-model", help="auto | profiled | analytic")] = "auto",
+    hardware: Annotated[str, typer.Option(help="h200 | h100")] = "h200",
+    rounds: Annotated[int, typer.Option(help="interleaved rounds")] = 6,
+    steps_per_round: Annotated[int, typer.Option(help="timed steps per plan per round")] = 5,
+    warmup: Annotated[int, typer.Option(help="untimed steps per plan first")] = 5,
+    graphs: Annotated[bool, typer.Option(help="per-module CUDA graphs")] = True,
+    out: Annotated[Path | None, typer.Option(help="directory for results JSON and timelines")] = None,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """Plan MODEL with every planner and train each plan in one run: measured vs predicted."""
+    from mosaic.bench import BenchConfig, bench_report, measure_plans
+    from mosaic.hardware import make_cluster
+    from mosaic.planners import plan_all
+    from mosaic.report.bench import print_bench_table, write_bench_artifacts
+    from mosaic.zoo import get_model
+
+    cluster = make_cluster(gpus, hardware)
+    zoo_model = get_model(model)
+    graph = zoo_model.graph(preset, global_batch=batch)
+    perf = load_perf_model(perf_model, cluster, preset)
+    plans = {p.planner: p for p in plan_all(graph, cluster, perf, [n.strip() for n in planners.split(",")])}
+    config = BenchConfig(rounds=rounds, steps_per_round=steps_per_round, warmup_steps=warmup,
+                         graphs=graphs)
+    measurements = measure_plans(zoo_model, preset, graph, plans, cluster.gpu, config)
+    report = bench_report(graph, measurements, cluster.gpu, preset)
+    report["perf_model"] = perf.describe()
+    out = out or Path("runs") / f"bench-{graph.name}-{preset}-{gpus}"
+    write_bench_artifacts(report, measurements, out)
+    if as_json:
+        typer.echo(json.dumps(report, indent=2, default=str))
+    else:
+        print_bench_table(report)
+
+
 def main() -> None:
     """Console entry point: user errors become one line and exit status 2."""
     from mosaic.errors import is_user_error

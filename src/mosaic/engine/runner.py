@@ -120,6 +120,8 @@ class PlanRunner:
         self.timer = Timer(self.device)
         self._samples: dict[str, tuple[torch.Tensor, ...]] | None = None
         self.graphed = False
+        self.record_timeline = self.config.timeline
+        """Switchable per step: a benchmark records one step's timeline after timing the rest."""
 
     # --- set-up helpers ------------------------------------------------------------------
     def _stream_for(self, module: str, pool: Any) -> Any:
@@ -266,7 +268,7 @@ class PlanRunner:
                     self._main.wait_event(st.done[m])
 
     def _mark(self, stream: Any) -> Mark | None:
-        return self.timer.mark(stream) if self.config.timeline else None
+        return self.timer.mark(stream) if self.record_timeline else None
 
     def _add_mark(self, out: StepOutput, m: str, t: int, phase: str, start: Mark | None,
                   stream: Any) -> None:

@@ -1,0 +1,276 @@
+"""Measure several plans of one model with this engine, in one process, fairly.
+
+Every plan trains the SAME modules (one set of weights, one optimizer) on the same batch, so
+a speedup is a ratio of two runs of this engine, same model, batch, hardware and run. Plans are
+interleaved in rounds whose order rotates, so clock or thermal drift cannot favour one. Before
+timing, every plan's loss at identical weights must equal the first plan's (eagerly, and again
+after CUDA-graph capture): a plan that computes something else is not measured.
+
+Single process (one GPU, or the CPU for a logic check). Multi-GPU plans go through torchrun and
+`mosaic train`; this loop is the place to extend once a multi-GPU machine is lent.
+"""
+
+from __future__ import annotations
+
+import datetime
+import math
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from mosaic.engine.comm import PlanComm
+from mosaic.engine.green import SMPartitionPool, requests_for_plan
+from mosaic.engine.runner import PlanRunner, RunnerConfig
+from mosaic.engine.timer import Timer
+from mosaic.engine.trainer import build_modules, make_batch
+from mosaic.graph import MMGraph
+from mosaic.hardware import GPUSpec
+from mosaic.plan import Plan
+
+LOSS_TOLERANCE = 3e-2
+"""Relative loss agreement between plans under bf16 autocast (kernels differ per SM count)."""
+
+
+class BenchError(ValueError):
+    """A benchmark that cannot run as asked; the message says the fix."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class BenchConfig:
+    rounds: int = 6
+    steps_per_round: int = 5
+    warmup_steps: int = 5
+    graphs: bool = True
+    """Per-module CUDA graphs (eager PyTorch is launch-bound: DESIGN.md)."""
+    lr: float = 1e-5
+    seed: int = 0
+    nvml_seconds: float = 1.0
+    """Seconds of extra steps per plan while NVML samples GPU utilisation (0: skip)."""
+
+    def __post_init__(self) -> None:
+        for name in ("rounds", "steps_per_round"):
+            if getattr(self, name) < 1:
+                raise BenchError(f"{name}={getattr(self, name)} must be >= 1")
+
+
+@dataclass(slots=True)
+class PlanMeasurement:
+    label: str
+    plan: Plan
+    step_times_s: list[float] = field(default_factory=list)
+    pool: dict[str, Any] = field(default_factory=dict)
+    timeline: list[dict[str, Any]] = field(default_factory=list)
+    gpu_util: float | None = None
+
+    @property
+    def median_s(self) -> float:
+        return float(np.median(self.step_times_s))
+
+    def summary(self) -> dict[str, Any]:
+        t = np.array(self.step_times_s)
+        return {
+            "median_s": float(np.median(t)), "p10_s": float(np.percentile(t, 10)),
+            "p90_s": float(np.percentile(t, 90)),
+            "spread_s": float(np.percentile(t, 90) - np.percentile(t, 10)),
+            "num_steps": len(t), "quotas_enforced": bool(self.pool.get("enforced")),
+            "pool_backend": self.pool.get("backend"), "measured_gpu_util": self.gpu_util,
+        }
+
+
+@dataclass(slots=True)
+class _Setup:
+    device: torch.device
+    runners: dict[str, PlanRunner]
+    pools: dict[str, SMPartitionPool]
+    optimizer: torch.optim.Optimizer
+    params: list[torch.nn.Parameter]
+    data: dict[str, tuple[torch.Tensor, ...]]
+    timer: Timer
+
+
+def _device() -> torch.device:
+    if torch.cuda.is_available():
+        torch.cuda.set_device(0)
+        return torch.device("cuda", 0)
+    return torch.device("cpu")
+
+
+def _setup(model, preset: str, graph: MMGraph, plans: dict[str, Plan], gpu: GPUSpec,
+           config: BenchConfig) -> _Setup:
+    for label, plan in plans.items():
+        if plan.num_gpus != 1:
+            raise BenchError(f"plan {label!r} uses {plan.num_gpus} GPUs; this benchmark runs one "
+                             "process: plan for --gpus 1 (multi-GPU: torchrun -m mosaic train)")
+    device = _device()
+    graphs = config.graphs and device.type == "cuda"
+    modules = build_modules(model, preset, graph.names, config.seed, device)
+    params = [p for m in modules.values() for p in m.parameters()]
+    pools, runners = {}, {}
+    for label, plan in plans.items():
+        pools[label] = SMPartitionPool.create(requests_for_plan(plan, 0, gpu),
+                                              0 if device.type == "cuda" else None, gpu)
+        runners[label] = PlanRunner(plan=plan, graph=graph, modules=modules,
+                                    comm=PlanComm.create(plan, device), pool=pools[label],
+                                    config=RunnerConfig(graphs=graphs), device=device)
+    data = next(iter(runners.values())).local_batch(
+        make_batch(model, preset, graph.global_batch, config.seed, 0))
+    optimizer = torch.optim.AdamW(params, lr=config.lr)
+    return _Setup(device, runners, pools, optimizer, params, data, Timer(device))
+
+
+def _losses(s: _Setup) -> dict[str, float]:
+    """Every plan's loss at the current (identical) weights; no optimizer step."""
+    losses = {}
+    for label, runner in s.runners.items():
+        for p in s.params:
+            p.grad = None
+        losses[label] = float(runner.step(s.data).loss.item())
+    for p in s.params:
+        p.grad = None
+    return losses
+
+
+def _check_losses(when: str, losses: dict[str, float]) -> None:
+    first, ref = next(iter(losses.items()))
+    for label, value in losses.items():
+        if not math.isfinite(value) or abs(value - ref) > LOSS_TOLERANCE * max(1.0, abs(ref)):
+            raise BenchError(f"{when}: plan {label!r} gives loss {value:.5f} but {first!r} gives "
+                             f"{ref:.5f} at the same weights; the plan computes something else")
+
+
+def _one_step(s: _Setup, label: str) -> float:
+    s.optimizer.zero_grad(set_to_none=True)
+    start = s.timer.mark()
+    out = s.runners[label].step(s.data)
+    s.optimizer.step()
+    seconds = s.timer.seconds(start, s.timer.mark())
+    if not math.isfinite(out.loss.item()):
+        raise BenchError(f"plan {label!r}: loss became non-finite; lower --lr")
+    return seconds
+
+
+def _timed_rounds(s: _Setup, config: BenchConfig) -> dict[str, list[float]]:
+    labels = list(s.runners)
+    for label in labels:
+        for _ in range(config.warmup_steps):
+            _one_step(s, label)
+    times: dict[str, list[float]] = {label: [] for label in labels}
+    for r in range(config.rounds):
+        for label in labels[r % len(labels):] + labels[:r % len(labels)]:
+            times[label].extend(_one_step(s, label) for _ in range(config.steps_per_round))
+    return times
+
+
+def _timeline(s: _Setup, label: str) -> list[dict[str, Any]]:
+    runner = s.runners[label]
+    runner.record_timeline = True
+    try:
+        s.optimizer.zero_grad(set_to_none=True)
+        out = runner.step(s.data)
+        s.optimizer.step()
+        return runner.timeline(out)
+    finally:
+        runner.record_timeline = False
+
+
+def _nvml_util(s: _Setup, label: str, seconds: float) -> float | None:
+    """Mean NVML GPU utilisation while only this plan runs (per device, not per SM)."""
+    if s.device.type != "cuda" or seconds <= 0:
+        return None
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        handle = pynvml.nvmlDeviceGetHandleByIndex(torch.cuda.current_device())
+    except Exception:  # NVML is optional: no library, no permission
+        return None
+    samples: list[float] = []
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.is_set():
+            samples.append(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu)
+            time.sleep(0.02)
+
+    thread = threading.Thread(target=sample, daemon=True)
+    thread.start()
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        _one_step(s, label)
+    stop.set()
+    thread.join()
+    pynvml.nvmlShutdown()
+    return float(np.mean(samples)) / 100 if samples else None
+
+
+def measure_plans(model, preset: str, graph: MMGraph, plans: dict[str, Plan], gpu: GPUSpec,
+                  config: BenchConfig | None = None) -> list[PlanMeasurement]:
+    """Time every plan on this machine's GPU (or CPU), interleaved; see the module docstring."""
+    config = config or BenchConfig()
+    s = _setup(model, preset, graph, plans, gpu, config)
+    try:
+        _check_losses("eager", _losses(s))
+        for runner in s.runners.values():
+            runner.capture_graphs()
+        if any(r.graphed for r in s.runners.values()):
+            _check_losses("after CUDA-graph capture", _losses(s))
+        times = _timed_rounds(s, config)
+        results = []
+        for label, plan in plans.items():
+            results.append(PlanMeasurement(
+                label=label, plan=plan, step_times_s=times[label],
+                pool=s.pools[label].describe(), timeline=_timeline(s, label),
+                gpu_util=_nvml_util(s, label, config.nvml_seconds)))
+        return results
+    finally:
+        for pool in s.pools.values():
+            pool.close()
+
+
+def environment(device_name: str | None = None) -> dict[str, Any]:
+    cuda = torch.cuda.is_available()
+    return {
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "command": " ".join(sys.argv),
+        "hardware": device_name or (torch.cuda.get_device_name(0) if cuda else "cpu"),
+        "num_sms": torch.cuda.get_device_properties(0).multi_processor_count if cuda else None,
+        "torch": torch.__version__, "cuda": torch.version.cuda,
+        "python": sys.version.split()[0],
+    }
+
+
+BASELINES = ("megatron", "distmm", "spindle")
+
+
+def bench_report(graph: MMGraph, measurements: list[PlanMeasurement], gpu: GPUSpec,
+                 preset: str) -> dict[str, Any]:
+    """The results object of `mosaic bench` (keys documented in the README)."""
+    medians = {m.label: m.median_s for m in measurements}
+    flops = graph.total_flops()
+    rows = []
+    for m in measurements:
+        row = {"planner": m.label, "measured_iteration_s": m.median_s, **m.summary(),
+               "predicted_iteration_s": m.plan.predicted_iteration_s,
+               "samples_per_s": graph.global_batch / m.median_s,
+               "mfu": flops / (m.plan.num_gpus * gpu.peak_bf16_flops * m.median_s),
+               "speedup_vs": {b: medians[b] / m.median_s for b in BASELINES if b in medians},
+               "plan": m.plan.to_dict()}
+        if m.plan.predicted_iteration_s:
+            row["prediction_error"] = m.plan.predicted_iteration_s / m.median_s - 1
+        rows.append(row)
+    baselines = [medians[b] for b in BASELINES if b in medians]
+    best = min(baselines) if baselines else None
+    return {
+        "model": graph.name, "preset": preset, "global_batch": graph.global_batch,
+        "gpus": measurements[0].plan.num_gpus, **environment(),
+        "model_tflop_per_iteration": flops / 1e12,
+        "best_baseline_s": best,
+        "mosaic_speedup_vs_best_baseline": (best / medians["mosaic"]
+                                            if best and "mosaic" in medians else None),
+        "results": rows,
+    }

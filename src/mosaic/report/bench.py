@@ -1,0 +1,73 @@
+"""What `mosaic bench` writes and prints: results JSON, measured timelines, a table."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from mosaic.report.timeline import TimelineEvent, plot_timeline, write_chrome_trace
+
+
+def measured_events(timeline: list[dict]) -> list[TimelineEvent]:
+    """Engine timeline records -> events; forward and backward become separate bars."""
+    events = []
+    for e in timeline:
+        events.append(TimelineEvent(module=e["module"], stage=e["stage"], gpu=e["gpu"],
+                                    start_s=e["start_s"], end_s=e["end_s"],
+                                    sm_share=e.get("sm_share", 1.0), phase=e["phase"]))
+    return _lanes(events)
+
+
+def _lanes(events: list[TimelineEvent]) -> list[TimelineEvent]:
+    """Stack bars that overlap in time on one GPU so none hides another."""
+    placed: list[TimelineEvent] = []
+    for e in sorted(events, key=lambda e: (e.gpu, e.start_s)):
+        busy = [p for p in placed if p.gpu == e.gpu and p.start_s < e.end_s and e.start_s < p.end_s]
+        share = e.sm_share if not busy else min(e.sm_share, 1.0 / (len(busy) + 1))
+        lane = min(0.999, sum(p.sm_share for p in busy)) if busy else 0.0
+        placed.append(TimelineEvent(e.module, e.stage, e.gpu, e.start_s, e.end_s,
+                                    max(0.05, min(share, 1.0 - lane)), lane, e.phase))
+    return placed
+
+
+def write_bench_artifacts(report: dict, measurements, out: Path) -> Path:
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    for m in measurements:
+        if m.timeline:
+            events = measured_events(m.timeline)
+            plot_timeline(events, out / f"{m.label}.png",
+                          f"{report['model']} ({report['preset']}), {m.label}: one measured step, "
+                          f"{m.median_s * 1e3:.1f} ms median")
+            write_chrome_trace(events, out / f"{m.label}.trace.json")
+    path = out / "bench.json"
+    path.write_text(json.dumps(report, indent=2, default=str))
+    return path
+
+
+def print_bench_table(report: dict) -> None:
+    table = Table(title=(f"{report['model']} ({report['preset']}, batch {report['global_batch']}) "
+                         f"on {report['gpus']} x {report['hardware']}"))
+    for column in ("planner", "measured (median)", "p10-p90", "predicted", "error",
+                   "vs best baseline", "samples/s", "MFU", "GPU util", "quotas"):
+        table.add_column(column, justify="left" if column == "planner" else "right")
+    best = report.get("best_baseline_s")
+    for r in report["results"]:
+        error = r.get("prediction_error")
+        util = r.get("measured_gpu_util")
+        table.add_row(
+            r["planner"], f"{r['measured_iteration_s'] * 1e3:.2f} ms",
+            f"{r['p10_s'] * 1e3:.2f}-{r['p90_s'] * 1e3:.2f}",
+            f"{r['predicted_iteration_s'] * 1e3:.2f} ms" if r["predicted_iteration_s"] else "-",
+            f"{error * 100:+.1f}%" if error is not None else "-",
+            f"{best / r['measured_iteration_s']:.2f}x" if best else "-",
+            f"{r['samples_per_s']:.1f}", f"{r['mfu'] * 100:.1f}%",
+            f"{util * 100:.0f}%" if util is not None else "-",
+            "enforced" if r["quotas_enforced"] else r["pool_backend"],
+        )
+    console = Console(width=160)
+    console.print(table)
+    console.print(f"{report['date']}  torch {report['torch']}  perf model: {report.get('perf_model', '-')}")
