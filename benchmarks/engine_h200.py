@@ -24,20 +24,13 @@ Modes (encoders colocated in stage 0, then the contrastive head; SM counts for 1
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
-import math
 import sys
 from pathlib import Path
 
-import numpy as np
 import torch
 
-from mosaic.engine.comm import PlanComm
-from mosaic.engine.green import SMPartitionPool, requests_for_plan
-from mosaic.engine.runner import PlanRunner, RunnerConfig
-from mosaic.engine.timer import Timer
-from mosaic.engine.trainer import build_modules, make_batch
+from mosaic.bench import BenchConfig, BenchError, PlanMeasurement, environment, measure_plans
 from mosaic.graph import MMGraph
 from mosaic.hardware import gpu_spec, make_cluster
 from mosaic.plan import Placement, Plan, Stage
@@ -88,128 +81,52 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def _losses_agree(runners: dict[str, PlanRunner], data: dict, params: list) -> dict[str, float]:
-    """Loss of every mode at the current (identical) weights; no optimizer step."""
-    losses = {}
-    for name, runner in runners.items():
-        for p in params:
-            p.grad = None
-        losses[name] = float(runner.step(data).loss.item())
-    for p in params:
-        p.grad = None
-    return losses
-
-
-def _check(label: str, losses: dict[str, float], failures: list[str]) -> None:
-    ref = losses["temporal"]
-    for name, value in losses.items():
-        if not math.isfinite(value) or abs(value - ref) > 3e-2 * max(1.0, abs(ref)):
-            failures.append(f"{label}: {name} loss {value:.5f} vs temporal {ref:.5f}")
-
-
 def main(argv: list[str] | None = None) -> int:
     args = _args(argv)
     gpu = gpu_spec("h200")
-    if args.cpu_smoke:
-        device, num_sms, args.no_graphs = torch.device("cpu"), gpu.num_sms, True
-    elif not torch.cuda.is_available():
+    args.no_graphs = args.no_graphs or args.cpu_smoke
+    if not args.cpu_smoke and not torch.cuda.is_available():
         print("engine_h200: needs a CUDA GPU (or --cpu-smoke)", file=sys.stderr)
         return 2
-    else:
-        device = torch.device("cuda", 0)
-        torch.cuda.set_device(device)
-        num_sms = torch.cuda.get_device_properties(device).multi_processor_count
     from mosaic.zoo import get_model
 
     model = get_model(args.model)
     graph = model.graph(args.preset, args.global_batch)
-    plans = mode_plans(graph, num_sms)
+    plans = mode_plans(graph, gpu.num_sms)
     if args.modes:
         wanted = {"temporal", *args.modes.split(",")}
         plans = {k: v for k, v in plans.items() if k in wanted}
-    modules = build_modules(model, args.preset, graph.names, args.seed, device)
-    params = [p for m in modules.values() for p in m.parameters()]
-    optimizer = torch.optim.AdamW(params, lr=args.lr)
-    pools, runners = {}, {}
-    for name, plan in plans.items():
-        pools[name] = SMPartitionPool.create(requests_for_plan(plan, 0, gpu), 0, gpu)
-        runners[name] = PlanRunner(plan=plan, graph=graph, modules=modules,
-                                   comm=PlanComm.create(plan, device), pool=pools[name],
-                                   config=RunnerConfig(graphs=not args.no_graphs), device=device)
-    data = next(iter(runners.values())).local_batch(
-        make_batch(model, args.preset, graph.global_batch, args.seed, 0))
-    failures: list[str] = []
-    _check("eager", _losses_agree(runners, data, params), failures)
-    for runner in runners.values():
-        runner.capture_graphs()
-    if not args.no_graphs:
-        _check("graphs", _losses_agree(runners, data, params), failures)
-    times = _timed_rounds(args, runners, data, optimizer, failures, device)
-    report = _report(args, graph, plans, pools, times, num_sms, failures, device)
-    for pool in pools.values():
-        pool.close()
+    config = BenchConfig(rounds=args.rounds, steps_per_round=args.steps_per_round,
+                         warmup_steps=args.warmup, graphs=not args.no_graphs, lr=args.lr,
+                         seed=args.seed, nvml_seconds=0)
+    try:
+        measurements = measure_plans(model, args.preset, graph, plans, gpu, config)
+    except BenchError as exc:
+        print(f"FAIL {exc}")
+        return 1
+    report = _report(args, graph, measurements)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "engine_h200.json").write_text(json.dumps(report, indent=2))
     _print_table(report)
-    for failure in failures:
-        print(f"FAIL {failure}")
     print(f"wrote {out / 'engine_h200.json'}")
-    return 1 if failures else 0
+    return 0
 
 
-def _timed_rounds(args, runners: dict[str, PlanRunner], data: dict, optimizer,
-                  failures: list[str], device: torch.device) -> dict[str, list[float]]:
-    timer = Timer(device)
-    names = list(runners)
-    times: dict[str, list[float]] = {n: [] for n in names}
-
-    def one_step(name: str) -> float:
-        optimizer.zero_grad(set_to_none=True)
-        start = timer.mark()
-        out = runners[name].step(data)
-        optimizer.step()
-        seconds = timer.seconds(start, timer.mark())
-        if not math.isfinite(out.loss.item()):
-            failures.append(f"{name}: non-finite loss")
-        return seconds
-
-    for name in names:
-        for _ in range(args.warmup):
-            one_step(name)
-    for r in range(args.rounds):
-        for name in names[r % len(names):] + names[:r % len(names)]:
-            times[name].extend(one_step(name) for _ in range(args.steps_per_round))
-    return times
-
-
-def _report(args, graph, plans, pools, times, num_sms, failures, device) -> dict:
-    base = float(np.median(times["temporal"]))
-    modes = {}
-    for name, values in times.items():
-        median = float(np.median(values))
-        modes[name] = {
-            "median_s": median, "p10_s": float(np.percentile(values, 10)),
-            "p90_s": float(np.percentile(values, 90)), "num_steps": len(values),
-            "speedup_vs_temporal": base / median,
-            "pool_backend": pools[name].backend, "quotas_enforced": pools[name].enforced,
-            "pool": pools[name].describe(), "plan": plans[name].to_dict(),
-        }
-    return {
-        "benchmark": "engine_h200", "date": datetime.datetime.now(datetime.UTC).isoformat(),
-        "command": " ".join([sys.executable, *sys.argv]),
-        "hardware": {"gpu": torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu",
-                     "num_sms": num_sms, "cuda": torch.version.cuda},
-        "torch": torch.__version__, "model": graph.name, "preset": args.preset,
-        "global_batch": graph.global_batch, "graphs": not args.no_graphs,
-        "rounds": args.rounds, "steps_per_round": args.steps_per_round, "warmup": args.warmup,
-        "modes": modes, "failures": failures,
-    }
+def _report(args, graph: MMGraph, measurements: list[PlanMeasurement]) -> dict:
+    base = next(m.median_s for m in measurements if m.label == "temporal")
+    modes = {m.label: {**m.summary(), "speedup_vs_temporal": base / m.median_s,
+                       "pool": m.pool, "plan": m.plan.to_dict()}
+             for m in measurements}
+    return {"benchmark": "engine_h200", **environment(), "model": graph.name,
+            "preset": args.preset, "global_batch": graph.global_batch,
+            "graphs": not args.no_graphs, "rounds": args.rounds,
+            "steps_per_round": args.steps_per_round, "warmup": args.warmup, "modes": modes}
 
 
 def _print_table(report: dict) -> None:
     print(f"{report['model']}/{report['preset']} batch {report['global_batch']} on "
-          f"{report['hardware']['gpu']}, graphs={report['graphs']}, torch {report['torch']}")
+          f"{report['hardware']}, graphs={report['graphs']}, torch {report['torch']}")
     print(f"{'mode':14s} {'median ms':>10s} {'p10':>8s} {'p90':>8s} {'speedup':>8s}  quotas")
     for name, m in report["modes"].items():
         quota = "enforced" if m["quotas_enforced"] else m["pool_backend"]
