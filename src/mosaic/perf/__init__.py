@@ -10,4 +10,8 @@ def make_perf_model(name: str, cluster, **kwargs) -> PerfModel:
     """Performance models by name: `analytic` now; `profiled` reads a ProfileDB."""
     if name == "analytic":
         return AnalyticModel(cluster)
-    raise ValueError(f"unknown perf model {name!r}; choose 'analytic'")
+    if name == "profiled":  # lazy: scipy and the DB are only needed when asked for
+        from mosaic.perf.profiled import ProfiledModel
+
+        return ProfiledModel(cluster, kwargs.get("db"), interference=kwargs.get("interference", "aware"))
+    raise ValueError(f"unknown perf model {name!r}; choose 'analytic' or 'profiled'")

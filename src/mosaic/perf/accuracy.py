@@ -1,0 +1,165 @@
+"""Model error on held-out measurements (the reviewer's question: MAPE on unseen colocations).
+
+- Single modules: leave-one-out over every measured point except the four corners of each
+  module's (batch, SMs) box (those stay, so held-out points are interpolations, as planning
+  queries are). The surface is refitted without the point, then predicts it.
+- Colocations: k-fold, stratified by sharing mode, in record order (deterministic). The interference coefficients are fitted
+  on the other folds (with the measured alone times) and predict the held-out groups end to
+  end from the surfaces, as the planner would. Surfaces never see colocation data.
+- Reference rows: the analytic model as is, and times the DB's calibration factor (the
+  profiled model's fallback for modules missing from the DB; calibrated on all points).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from mosaic.hardware import ClusterSpec, make_cluster
+from mosaic.perf.base import Work
+from mosaic.perf.interference import VARIANTS, CoSample, fit_interference, group_time_s
+from mosaic.perf.profiled import SurfaceSet, fit_surface
+from mosaic.profile.db import ColocPoint, ModulePoint, ProfileDB
+
+
+def _ape(pred: float, meas: float) -> float:
+    return 100.0 * abs(pred / meas - 1.0)
+
+
+def single_errors(surfaces: SurfaceSet) -> list[dict[str, Any]]:
+    """Leave-one-out errors of the scaling surfaces on non-corner points."""
+    rows = []
+    for sig, pts in sorted(surfaces.points.items()):
+        if len(pts) < 6:
+            continue
+        bs, ks = [p.per_gpu_batch for p in pts], [p.num_sms for p in pts]
+        corners = {(b, k) for b in (min(bs), max(bs)) for k in (min(ks), max(ks))}
+        for i, p in enumerate(pts):
+            if (p.per_gpu_batch, p.num_sms) in corners:
+                continue
+            rest: list[ModulePoint] = pts[:i] + pts[i + 1:]
+            pred = float(fit_surface(rest, surfaces.gpu.num_sms).predict(p.per_gpu_batch, p.num_sms)[0])
+            rows.append({"signature": sig, "per_gpu_batch": p.per_gpu_batch,
+                         "num_sms": p.num_sms, "measured_s": p.time_s, "predicted_s": pred,
+                         "ape": _ape(pred, p.time_s)})
+    return rows
+
+
+def _folds(colocs: Sequence[ColocPoint], folds: int) -> list[int]:
+    """Fold of each record, stratified by sharing mode (every fold sees every mode)."""
+    seen: dict[str, int] = {}
+    out = []
+    for c in colocs:
+        out.append(seen.get(c.sharing, 0) % folds)
+        seen[c.sharing] = seen.get(c.sharing, 0) + 1
+    return out
+
+
+def coloc_errors(surfaces: SurfaceSet, colocs: Sequence[ColocPoint], variant: str,
+                 folds: int = 3) -> list[dict[str, Any]]:
+    """k-fold held-out group-time errors of one interference variant."""
+    train = [surfaces.sample(c, use_measured_alone=True) for c in colocs]
+    test = [surfaces.sample(c, use_measured_alone=False) for c in colocs]
+    fold_of = _folds(colocs, folds)
+    rows = []
+    for fold in sorted(set(fold_of)):
+        fit_on: list[CoSample] = [s for s, f in zip(train, fold_of, strict=True)
+                                  if f != fold and s is not None]
+        params = fit_interference(fit_on, variant)
+        for c, s, f in zip(colocs, test, fold_of, strict=True):
+            if f != fold or s is None:
+                continue
+            pred = group_time_s(params, s.works, s.sharing)
+            rows.append({"id": c.id, "model": c.model, "sharing": c.sharing,
+                         "modules": [w.module for w in c.works], "measured_s": c.group_time_s,
+                         "predicted_s": pred, "ape": _ape(pred, c.group_time_s)})
+    return rows
+
+
+def _analytic_rows(surfaces: SurfaceSet, colocs: Sequence[ColocPoint],
+                   scale: float) -> tuple[list[float], list[float]]:
+    model, gpu = surfaces.analytic, surfaces.gpu
+    single = [_ape(scale * model.module_time_s(surfaces.specs[sig], p.per_gpu_batch,
+                                               p.num_sms / gpu.num_sms), p.time_s)
+              for sig, pts in surfaces.points.items() if sig in surfaces.specs for p in pts]
+    coloc = []
+    for c in colocs:
+        if any(w.signature not in surfaces.specs for w in c.works):
+            continue
+        works = [Work(surfaces.specs[w.signature], w.per_gpu_batch, w.num_sms / gpu.num_sms,
+                      w.priority) for w in c.works]
+        coloc.append(_ape(scale * model.colocated_time_s(works, c.sharing), c.group_time_s))
+    return single, coloc
+
+
+def _summary(single: Sequence[float], coloc: Sequence[float]) -> dict[str, Any]:
+    def mean(xs: Sequence[float]) -> float | None:
+        return float(np.mean(xs)) if len(xs) else None
+
+    return {"single_mape": mean(single), "coloc_mape": mean(coloc),
+            "worst_error": max([*single, *coloc], default=None),
+            "n_points": {"single": len(single), "coloc": len(coloc)}}
+
+
+def model_error(db: ProfileDB | str | Path, cluster: ClusterSpec | None = None, *,
+                folds: int = 3, details: bool = False) -> dict[str, Any]:
+    """Held-out errors (percent) of the profiled model's variants and the analytic reference."""
+    owned = not isinstance(db, ProfileDB)
+    db = ProfileDB.open(db) if owned else db
+    try:
+        cluster = cluster or make_cluster(1, db.hardware)
+        surfaces = SurfaceSet.from_db(db, cluster)
+        colocs = db.colocations()
+        path = str(db.path)
+    finally:
+        if owned:
+            db.close()
+    single = single_errors(surfaces)
+    single_ape = [r["ape"] for r in single]
+    result: dict[str, Any] = {"db": path, "hardware": cluster.gpu.name, "folds": folds,
+                              "calibration": surfaces.calibration, "rows": {}}
+    for variant in VARIANTS:
+        rows = coloc_errors(surfaces, colocs, variant, folds)
+        summary = _summary(single_ape, [r["ape"] for r in rows])
+        summary["coloc_by_mode"] = _by_mode(rows)
+        if details:
+            summary["coloc_points"] = rows
+        result["rows"][f"profiled-{variant}"] = summary
+    for name, scale in (("analytic", 1.0), ("analytic-calibrated", surfaces.calibration)):
+        result["rows"][name] = _summary(*_analytic_rows(surfaces, colocs, scale))
+    if details:
+        result["single_points"] = single
+    return result
+
+
+def _by_mode(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
+    modes: dict[str, list[float]] = {}
+    for r in rows:
+        modes.setdefault(r["sharing"], []).append(r["ape"])
+    return {m: float(np.mean(v)) for m, v in sorted(modes.items())}
+
+
+def print_model_error(result: dict[str, Any], console: Any = None) -> None:
+    """A rich table: one row per model variant, held-out MAPE and worst error."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = console or Console(width=140)
+    table = Table(title=f"model error on held-out points ({result['hardware']}, {result['db']})")
+    for col in ("model", "single MAPE %", "coloc MAPE %", "worst %", "points (single/coloc)",
+                "coloc MAPE by mode %"):
+        table.add_column(col, justify="left" if col.startswith(("model", "coloc MAPE by")) else "right")
+
+    def pct(x: float | None) -> str:
+        return "-" if x is None else f"{x:.1f}"
+
+    for name, r in result["rows"].items():
+        modes = ", ".join(f"{m} {v:.1f}" for m, v in r.get("coloc_by_mode", {}).items())
+        n = r["n_points"]
+        table.add_row(name, pct(r["single_mape"]), pct(r["coloc_mape"]), pct(r["worst_error"]),
+                      f"{n['single']}/{n['coloc']}", modes)
+    console.print(table)
+    console.print(f"calibration (measured / analytic, geometric mean): {result['calibration']:.3g}")

@@ -1,0 +1,370 @@
+"""The profiled performance model: measured scaling surfaces + a fitted interference model.
+
+Stages (vidur-style, each testable on its own):
+1. `fit_surface`: per measured module, a parametric scaling law fitted by least squares,
+       T(b, k) = t0 + c * b / k_eff,   k_eff = (k**-4 + (s0 * b**g)**-4) ** -1/4
+   (latency t0; work c per sample spread over k SMs until the work can fill no more than
+   s0 * b**g of them; the whole GPU, a plain stream, gets its own SM factor since it is
+   measurably faster than the largest green context), plus a thin-plate RBF on the log
+   residual in (log2 b, k). Queries are
+   clamped to the measured box for the residual (the parametric part extrapolates), and the
+   residual to its measured range: never NaN, never wild outside the hull.
+2. `SurfaceSet`: all surfaces of a DB, the time rows over the GPU's SM grid (made monotone:
+   more SMs never hurt), and the fallback for modules the DB lacks: the analytic model times
+   a per-GPU calibration factor (geometric mean of measured / analytic over all points).
+3. `ProfiledModel`: the PerfModel, with the interference variant chosen by name. Its
+   coefficients are the ones the profiling run stored in the DB's `fits` table beside their
+   held-out error (benchmarks/profile_h200.py); a DB without them is fitted on load.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from scipy.interpolate import RBFInterpolator
+from scipy.optimize import least_squares
+
+from mosaic.graph import ModuleSpec
+from mosaic.hardware import ClusterSpec, GPUSpec
+from mosaic.perf.analytic import AnalyticModel
+from mosaic.perf.base import PerfModel, Work
+from mosaic.perf.interference import (
+    CoSample,
+    CoWork,
+    InterferenceParams,
+    fit_interference,
+    group_time_s,
+    module_bytes,
+)
+from mosaic.profile.db import (
+    ColocPoint,
+    FitRecord,
+    ModulePoint,
+    ProfileDB,
+    ProfileDBError,
+    default_db_path,
+    module_signature,
+)
+
+RHO = 4.0
+"""Sharpness of the soft minimum between the SMs given and the SMs the work can fill."""
+RBF_SMOOTHING = 1e-3
+
+
+# --- 1. one module's surface ---------------------------------------------------------------
+def _param_time(theta: np.ndarray, b: np.ndarray, k: np.ndarray, full: float) -> np.ndarray:
+    t0, c, s0, g = np.exp(theta[0]), np.exp(theta[1]), np.exp(theta[2]), theta[3]
+    # The whole GPU runs on a plain stream, measurably faster per SM than the largest green
+    # context (H200: 120 -> 132 SMs gains up to 25%, not 10%): its own factor, theta[4].
+    k = np.where(k >= full, k * np.exp(theta[4]), k)
+    fill = s0 * b**g
+    k_eff = (k ** -RHO + fill ** -RHO) ** (-1.0 / RHO)
+    return t0 + c * b / k_eff
+
+
+@dataclass(frozen=True, slots=True)
+class Surface:
+    """T(b, k) of one module: parametric law x exp(clamped RBF residual)."""
+
+    theta: np.ndarray
+    box: tuple[float, float, float, float]
+    """(log2 b min, log2 b max, k min, k max) of the measured points."""
+    residual: Any
+    """RBFInterpolator on normalised coordinates, or None (too few points)."""
+    residual_range: tuple[float, float]
+    n_points: int
+    full_sms: float
+
+    def _unit(self, b: np.ndarray, k: np.ndarray) -> np.ndarray:
+        lb0, lb1, k0, k1 = self.box
+        u = (np.clip(np.log2(b), lb0, lb1) - lb0) / max(lb1 - lb0, 1e-9)
+        v = (np.clip(k, k0, k1) - k0) / max(k1 - k0, 1e-9)
+        return np.column_stack([u, v])
+
+    def predict(self, b: Any, k: Any) -> np.ndarray:
+        b = np.atleast_1d(np.asarray(b, dtype=float))
+        k = np.atleast_1d(np.asarray(k, dtype=float))
+        b, k = np.broadcast_arrays(b, k)
+        base = _param_time(self.theta, b, k, self.full_sms)
+        if self.residual is None:
+            return base * np.exp(self.residual_range[0])
+        r = np.clip(self.residual(self._unit(b, k)), *self.residual_range)
+        return base * np.exp(r)
+
+
+_LO = np.array([-40.0, -60.0, np.log(1.0), 0.0, np.log(0.7)])
+_HI = np.array([5.0, 5.0, np.log(1e5), 2.0, np.log(2.0)])
+
+
+def _fit_theta(b: np.ndarray, k: np.ndarray, t: np.ndarray, full: float) -> np.ndarray:
+    t0 = 0.5 * t.min()
+    heavy = np.argmax(b / k)
+    c = max(t[heavy] - t0, 1e-3 * t[heavy]) * k[heavy] / b[heavy]
+    if len(t) >= 6 and len(np.unique(b)) >= 2 and len(np.unique(k)) >= 2:
+        fit = [0, 1, 2, 3] + ([4] if (k >= full).any() and (k < full).any() else [])
+    else:  # too few points for the whole law: latency and work only
+        fit = [0, 1]
+    best = None
+    for g0, s_mid in ((0.5, 48.0), (1.0, 96.0), (0.2, 24.0)):
+        x0 = np.clip([np.log(t0), np.log(c), np.log(s_mid / np.median(b) ** g0), g0, 0.0],
+                     _LO + 1e-6, _HI - 1e-6)
+
+        def resid(x: np.ndarray, x0: np.ndarray = x0) -> np.ndarray:
+            theta = x0.copy()
+            theta[fit] = x
+            return np.log(_param_time(theta, b, k, full) / t)
+
+        sol = least_squares(resid, x0[fit], bounds=(_LO[fit], _HI[fit]), loss="soft_l1",
+                            f_scale=0.05)
+        if best is None or sol.cost < best[0]:
+            theta = x0.copy()
+            theta[fit] = sol.x
+            best = (sol.cost, theta)
+    return best[1]
+
+
+def fit_surface(points: Sequence[ModulePoint], full_sms: float | None = None) -> Surface:
+    """Fit one module's scaling surface to its measured (batch, SMs, time) points.
+
+    `full_sms`: the GPU's SM count (the plain-stream column); default the most SMs measured.
+    """
+    if not points:
+        raise ValueError("fit_surface: no points; profile the module first")
+    b = np.array([p.per_gpu_batch for p in points], dtype=float)
+    k = np.array([p.num_sms for p in points], dtype=float)
+    t = np.array([p.time_s for p in points], dtype=float)
+    full = float(full_sms or k.max())
+    theta = _fit_theta(b, k, t, full)
+    resid = np.log(t / _param_time(theta, b, k, full))
+    box = (float(np.log2(b.min())), float(np.log2(b.max())), float(k.min()), float(k.max()))
+    surface = Surface(theta, box, None, (float(np.mean(resid)),) * 2, len(points), full)
+    if len(t) >= 4 and len(np.unique(b)) >= 2 and len(np.unique(k)) >= 2:
+        rbf = RBFInterpolator(surface._unit(b, k), resid, kernel="thin_plate_spline",
+                              smoothing=RBF_SMOOTHING)
+        surface = Surface(theta, box, rbf, (float(resid.min()), float(resid.max())), len(t), full)
+    return surface
+
+
+# --- 2. every module of a DB ---------------------------------------------------------------
+def sm_grid(gpu: GPUSpec) -> np.ndarray:
+    """SM counts a green context can have: multiples of the granularity, plus the whole GPU."""
+    grid = list(range(gpu.sm_granularity, gpu.num_sms + 1, gpu.sm_granularity))
+    return np.array(sorted(set(grid) | {gpu.num_sms}), dtype=float)
+
+
+class SurfaceSet:
+    """Scaling surfaces by module signature, with the calibrated analytic fallback."""
+
+    def __init__(self, cluster: ClusterSpec, specs: dict[str, ModuleSpec],
+                 points: dict[str, list[ModulePoint]], sensitivity: dict[str, float]) -> None:
+        self.gpu = cluster.gpu
+        self.grid = sm_grid(self.gpu)
+        self.analytic = AnalyticModel(cluster)
+        self.specs = specs
+        self.points = points
+        self.surfaces = {sig: fit_surface(pts, self.gpu.num_sms) for sig, pts in points.items() if pts}
+        self.sensitivity = sensitivity
+        # Modules without an antagonist run: the median sensitivity (None: none measured).
+        self.default_sensitivity = float(np.median(list(sensitivity.values()))) if sensitivity else None
+        self.calibration = self._calibrate()
+        self._rows: dict[tuple[ModuleSpec, int], np.ndarray] = {}
+        self._match: dict[ModuleSpec, str | None] = {}
+
+    @classmethod
+    def from_db(cls, db: ProfileDB, cluster: ClusterSpec) -> SurfaceSet:
+        specs = {r.signature: r.spec for r in db.modules()}
+        points: dict[str, list[ModulePoint]] = {}
+        for p in db.points():
+            points.setdefault(p.signature, []).append(p)
+        return cls(cluster, specs, points, _sensitivities(db))
+
+    def _calibrate(self) -> float:
+        """exp(mean log(measured / analytic)) over every measured point with a known spec."""
+        logs = [np.log(p.time_s / self._analytic_s(self.specs[sig], p.per_gpu_batch, p.num_sms))
+                for sig, pts in self.points.items() if sig in self.specs for p in pts]
+        return float(np.exp(np.mean(logs))) if logs else 1.0
+
+    def _analytic_s(self, spec: ModuleSpec, b: int, k: float) -> float:
+        return self.analytic.module_time_s(spec, b, k / self.gpu.num_sms)
+
+    def signature_of(self, spec: ModuleSpec) -> str | None:
+        """Exact cost-fact match, else a module of the same shape within 2% (other torch)."""
+        if spec not in self._match:
+            sig = module_signature(spec)
+            if sig not in self.surfaces:
+                sig = next((s for s, other in self.specs.items()
+                            if s in self.surfaces and _close(spec, other)), None)
+            self._match[spec] = sig
+        return self._match[spec]
+
+    def row(self, spec: ModuleSpec, per_gpu_batch: int) -> np.ndarray:
+        """Times over the SM grid, non-increasing (a quota can always be left partly idle)."""
+        key = (spec, per_gpu_batch)
+        if key not in self._rows:
+            sig = self.signature_of(spec)
+            if sig is None:
+                raw = np.array([self._analytic_s(spec, per_gpu_batch, k) for k in self.grid])
+                raw = raw * self.calibration
+            else:
+                raw = self.surfaces[sig].predict(per_gpu_batch, self.grid)
+            self._rows[key] = np.minimum.accumulate(raw)
+        return self._rows[key]
+
+    def time_s(self, spec: ModuleSpec, per_gpu_batch: int, num_sms: int) -> float:
+        idx = int(np.searchsorted(self.grid, num_sms))
+        return float(self.row(spec, per_gpu_batch)[min(idx, len(self.grid) - 1)])
+
+    def cowork(self, spec: ModuleSpec, b: int, limit: int, priority: int = 0,
+               alone_s: float = 0.0) -> CoWork:
+        """The interference model's view of a module on at most `limit` SMs; a measured
+        `alone_s` (time alone on `limit`) rescales its curve to that measurement."""
+        sig = self.signature_of(spec)
+        work = CoWork(sms=tuple(map(float, self.grid)), times=tuple(map(float, self.row(spec, b))),
+                      limit=float(limit),
+                      memory_s=module_bytes(spec, b) / self.gpu.mem_bandwidth_bps,
+                      sensitivity=self.sensitivity.get(sig, self.default_sensitivity),
+                      priority=priority)
+        if alone_s > 0:
+            scale = alone_s / work.alone_s
+            work = replace(work, times=tuple(t * scale for t in work.times))
+        return work
+
+    def sample(self, point: ColocPoint, use_measured_alone: bool = True) -> CoSample | None:
+        """A measured colocation as a fitting sample (None if a module's spec is unknown)."""
+        works = []
+        for w in point.works:
+            spec = self.specs.get(w.signature)
+            if spec is None:
+                return None
+            alone = w.alone_s if use_measured_alone else 0.0
+            works.append(self.cowork(spec, w.per_gpu_batch, w.num_sms, w.priority, alone))
+        times = tuple(w.time_s for w in point.works) if all(w.time_s > 0 for w in point.works) else ()
+        return CoSample(tuple(works), point.sharing, point.group_time_s, times)
+
+
+def _close(a: ModuleSpec, b: ModuleSpec) -> bool:
+    same = (a.input_shape, a.num_layers, a.hidden_dim, a.tokens_per_sample) == (
+        b.input_shape, b.num_layers, b.hidden_dim, b.tokens_per_sample)
+    facts = ("num_params", "flops_per_sample", "activation_bytes_per_sample")
+    return same and all(abs(getattr(a, f) - getattr(b, f)) <= 0.02 * max(getattr(b, f), 1.0)
+                        for f in facts)
+
+
+def _sensitivities(db: ProfileDB) -> dict[str, float]:
+    """Slowdown - 1 of each module next to the memory-streaming antagonist."""
+    return {s.signature: max(s.slowdown - 1.0, 0.0) for s in db.signatures() if s.alone_s > 0}
+
+
+# --- 3. the PerfModel ----------------------------------------------------------------------
+class ProfiledModel(PerfModel):
+    """Measured surfaces + interference (`aware` | `linear` | `unaware`) from a ProfileDB."""
+
+    name = "profiled"
+
+    def __init__(self, cluster: ClusterSpec, db: ProfileDB | str | Path | None = None, *,
+                 interference: str = "aware") -> None:
+        super().__init__(cluster)
+        owned = not isinstance(db, ProfileDB)
+        db = _open(db, cluster)
+        try:
+            self.db_path = db.path
+            self.surfaces = SurfaceSet.from_db(db, cluster)
+            fits = {f.name: f for f in db.fits()}
+            self.stored_error = {name: f.mape for name, f in fits.items()}
+            stored = _stored_params(fits.get(f"model_error.{interference}"), interference)
+            self.params: InterferenceParams = stored or fit_interference(
+                [s for s in map(self.surfaces.sample, db.colocations()) if s is not None],
+                interference)
+            self.params_source = "stored fit" if stored else "fitted on load"
+            self._comm = _comm_curves(db)
+        finally:
+            if owned:
+                db.close()
+
+    @property
+    def interference(self) -> str:
+        return self.params.variant
+
+    def describe(self) -> str:
+        s = self.surfaces
+        p = self.params
+        coef = (f"alpha={p.alpha:.3g} p={p.p:.3g} q={p.q:.3g}" if p.variant == "aware"
+                else f"alpha={p.alpha:.3g}" if p.variant == "linear" else "no slowdown term")
+        fitted = (f"{self.params_source} on {p.fitted_on} colocations" if p.fitted_on
+                  else "default coefficients")
+        err = self.stored_error.get(f"model_error.{p.variant}")
+        err_s = f", held-out coloc MAPE {err:.1f}%" if err is not None else ""
+        return (f"profiled ({self.db_path.name}: {len(s.surfaces)} measured modules; "
+                f"interference={p.variant} [{coef}], {fitted}{err_s}; modules not in the DB: "
+                f"analytic x {s.calibration:.3g} per-GPU calibration)")
+
+    def module_time_s(self, module: ModuleSpec, per_gpu_batch: int, sm_share: float = 1.0) -> float:
+        return self.surfaces.time_s(module, per_gpu_batch, self.cluster.gpu.round_sms(sm_share))
+
+    def coworks(self, works: Sequence[Work], sharing: str) -> list[CoWork]:
+        gpu = self.cluster.gpu
+        return [self.surfaces.cowork(w.module, w.per_gpu_batch,
+                                     gpu.num_sms if sharing == "free" else gpu.round_sms(w.sm_share),
+                                     w.priority) for w in works]
+
+    def colocated_time_s(self, works: Sequence[Work], sharing: str) -> float:
+        if len(works) == 1 or sharing == "temporal":
+            return sum(self.module_time_s(w.module, w.per_gpu_batch, 1.0) for w in works)
+        return group_time_s(self.params, self.coworks(works, sharing), sharing)
+
+    def allreduce_s(self, num_bytes: float, gpus: Sequence[int]) -> float:
+        curve = self._comm.get(("allreduce", len(gpus)))
+        if curve is None or num_bytes <= 0:
+            return super().allreduce_s(num_bytes, gpus)
+        return _loglog(curve, num_bytes)
+
+    def transfer_s(self, num_bytes: float, src_gpus: Sequence[int], dst_gpus: Sequence[int]) -> float:
+        curve = self._comm.get(("p2p", 2))
+        if curve is None or num_bytes <= 0 or list(src_gpus) == list(dst_gpus):
+            return super().transfer_s(num_bytes, src_gpus, dst_gpus)
+        lanes = min(len(src_gpus), len(dst_gpus))
+        return _loglog(curve, num_bytes / lanes)
+
+
+def _stored_params(fit: FitRecord | None, variant: str) -> InterferenceParams | None:
+    """Coefficients the profiling run stored beside their held-out error (None: refit,
+    e.g. when the model's parameters changed since)."""
+    if fit is None or fit.params.get("variant") != variant:
+        return None
+    try:
+        return InterferenceParams(**fit.params)
+    except (TypeError, ValueError):
+        return None
+
+
+def _open(db: ProfileDB | str | Path | None, cluster: ClusterSpec) -> ProfileDB:
+    if isinstance(db, ProfileDB):
+        return db
+    if db is None:
+        path = default_db_path(cluster.gpu.name)
+        if not path.is_file():
+            raise ProfileDBError(f"no shipped profile DB for {cluster.gpu.name} at {path}; "
+                                 "profile it (benchmarks/profile_h200.py) and pass --db PATH")
+        db = path
+    return ProfileDB.open(db, hardware=cluster.gpu.name)
+
+
+def _comm_curves(db: ProfileDB) -> dict[tuple[str, int], np.ndarray]:
+    """Measured (never analytic) comm curves: (kind, num_gpus) -> [[bytes, seconds], ...]."""
+    curves: dict[tuple[str, int], list[tuple[float, float]]] = {}
+    for p in db.comm():
+        if p.source == "measured" and p.num_bytes > 0 and p.time_s > 0:
+            curves.setdefault((p.kind, p.num_gpus), []).append((p.num_bytes, p.time_s))
+    return {key: np.array(sorted(v)) for key, v in curves.items() if len(v) >= 2}
+
+
+def _loglog(curve: np.ndarray, num_bytes: float) -> float:
+    x, y = np.log(curve[:, 0]), np.log(curve[:, 1])
+    lx = np.log(num_bytes)
+    if lx > x[-1]:  # beyond the largest message: bandwidth-bound, linear in bytes
+        return float(curve[-1, 1] * num_bytes / curve[-1, 0])
+    return float(np.exp(np.interp(lx, x, y)))

@@ -1,0 +1,353 @@
+"""ProfileDB: measured module times, colocations, interference signatures and comm curves.
+
+One SQLite file per GPU kind (stdlib `sqlite3`, no pickle). The profiler is the one writer;
+the performance model opens it read-only. Schema (SCHEMA_VERSION 1):
+
+- `meta(key, value)`: schema_version, hardware, num_sms, torch/cuda/driver versions, date,
+  git_sha, config (the profiler's config as JSON).
+- `modules(model, preset, module, signature, spec_json)`: every profiled module, with the
+  ModuleSpec it was profiled as. Modules with identical cost facts share a `signature` and
+  are measured once (symmetry pruning).
+- `module_points(signature, per_gpu_batch, num_sms, time_s, spread, repeats, phase)`:
+  forward + backward of one module alone, median over CUDA-graph replays; `spread` is
+  (p90 - p10) / median; `phase` says which sampling pass chose the point (coarse/refine).
+  The view `module_points_named` joins it to model/preset/module names.
+- `colocations(id, model, preset, sharing, works_json, group_time_s, spread, repeats)`:
+  `works_json` is a list of {module, signature, per_gpu_batch, num_sms, priority, alone_s,
+  time_s}: per-module time alone on the same stream and inside the colocation.
+- `signatures(signature, per_gpu_batch, num_sms, antagonist_sms, alone_s, with_antagonist_s,
+  bytes_per_s, method)`: each module's bandwidth behaviour (see profiler.py).
+- `comm(kind, num_gpus, num_bytes, time_s, source)`: allreduce | p2p, measured | analytic.
+- `fits(name, params_json, mape, n_points, created)`: fitted models and their held-out error.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sqlite3
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from mosaic.graph import ModuleSpec
+
+SCHEMA_VERSION = 1
+DATA_DIR = Path(__file__).parent / "data"
+FIX = "re-run `python benchmarks/profile_h200.py --db PATH` on the GPU (or pass another --db)"
+
+_SCHEMA = """
+CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE modules (
+  model TEXT NOT NULL, preset TEXT NOT NULL, module TEXT NOT NULL,
+  signature TEXT NOT NULL, spec_json TEXT NOT NULL,
+  PRIMARY KEY (model, preset, module));
+CREATE TABLE module_points (
+  signature TEXT NOT NULL, per_gpu_batch INTEGER NOT NULL, num_sms INTEGER NOT NULL,
+  time_s REAL NOT NULL, spread REAL NOT NULL, repeats INTEGER NOT NULL, phase TEXT NOT NULL,
+  PRIMARY KEY (signature, per_gpu_batch, num_sms));
+CREATE VIEW module_points_named AS
+  SELECT m.model, m.preset, m.module, p.* FROM modules m JOIN module_points p USING (signature);
+CREATE TABLE colocations (
+  id INTEGER PRIMARY KEY, model TEXT NOT NULL, preset TEXT NOT NULL, sharing TEXT NOT NULL,
+  works_json TEXT NOT NULL, group_time_s REAL NOT NULL, spread REAL NOT NULL,
+  repeats INTEGER NOT NULL);
+CREATE TABLE signatures (
+  signature TEXT NOT NULL, per_gpu_batch INTEGER NOT NULL, num_sms INTEGER NOT NULL,
+  antagonist_sms INTEGER NOT NULL, alone_s REAL NOT NULL, with_antagonist_s REAL NOT NULL,
+  bytes_per_s REAL NOT NULL, method TEXT NOT NULL,
+  PRIMARY KEY (signature, per_gpu_batch, num_sms));
+CREATE TABLE comm (
+  kind TEXT NOT NULL, num_gpus INTEGER NOT NULL, num_bytes REAL NOT NULL,
+  time_s REAL NOT NULL, source TEXT NOT NULL);
+CREATE TABLE fits (
+  name TEXT PRIMARY KEY, params_json TEXT NOT NULL, mape REAL, n_points INTEGER,
+  created TEXT NOT NULL);
+"""
+
+
+class ProfileDBError(ValueError):
+    """A profile DB that cannot be used; the message names the path and the fix."""
+
+
+# --- records -------------------------------------------------------------------------------
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ModuleRecord:
+    model: str
+    preset: str
+    module: str
+    signature: str
+    spec: ModuleSpec
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ModulePoint:
+    signature: str
+    per_gpu_batch: int
+    num_sms: int
+    time_s: float
+    spread: float = 0.0
+    repeats: int = 1
+    phase: str = "coarse"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ColocWork:
+    module: str
+    signature: str
+    per_gpu_batch: int
+    num_sms: int
+    """Quota (partition), cap (cap), or the whole GPU (free)."""
+    priority: int = 0
+    alone_s: float = 0.0
+    """The module alone on the same stream / quota (0: not measured)."""
+    time_s: float = 0.0
+    """The module's own finish time inside the colocation."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ColocPoint:
+    model: str
+    preset: str
+    sharing: str
+    works: tuple[ColocWork, ...]
+    group_time_s: float
+    spread: float = 0.0
+    repeats: int = 1
+    id: int | None = None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SignaturePoint:
+    signature: str
+    per_gpu_batch: int
+    num_sms: int
+    antagonist_sms: int
+    alone_s: float
+    with_antagonist_s: float
+    bytes_per_s: float
+    method: str
+
+    @property
+    def slowdown(self) -> float:
+        return self.with_antagonist_s / self.alone_s if self.alone_s > 0 else 1.0
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CommPoint:
+    kind: str
+    num_gpus: int
+    num_bytes: float
+    time_s: float
+    source: str
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class FitRecord:
+    name: str
+    params: dict[str, Any]
+    mape: float | None
+    n_points: int
+    created: str
+
+
+# --- helpers -------------------------------------------------------------------------------
+COST_FACTS = (
+    "input_shape", "num_params", "num_layers", "hidden_dim", "tokens_per_sample",
+    "flops_per_sample", "activation_bytes_per_sample", "num_kernels",
+)
+
+
+def module_signature(spec: ModuleSpec) -> str:
+    """Hash of the cost facts (not the name): equal facts, equal measurements."""
+    facts = {f: getattr(spec, f) for f in COST_FACTS}
+    facts["input_shape"] = list(spec.input_shape)
+    for f in ("flops_per_sample", "activation_bytes_per_sample"):
+        facts[f] = float(f"{float(facts[f]):.6g}")
+    blob = json.dumps(facts, sort_keys=True).encode()
+    return hashlib.sha1(blob).hexdigest()[:12]
+
+
+def spec_to_json(spec: ModuleSpec) -> str:
+    d = asdict(spec)
+    d["input_shape"] = list(spec.input_shape)
+    return json.dumps(d, sort_keys=True)
+
+
+def spec_from_json(text: str) -> ModuleSpec:
+    d = json.loads(text)
+    return ModuleSpec(**{**d, "input_shape": tuple(d["input_shape"])})
+
+
+def default_db_path(hardware: str) -> Path:
+    """Where the shipped DB for a GPU kind lives: src/mosaic/profile/data/<hardware>.sqlite."""
+    return DATA_DIR / f"{hardware.lower()}.sqlite"
+
+
+def has_shipped_db(hardware: str) -> bool:
+    return default_db_path(hardware).is_file()
+
+
+# --- the DB --------------------------------------------------------------------------------
+class ProfileDB:
+    """A profile database; `create` for the one writer, `open` (read-only) for everyone else."""
+
+    def __init__(self, conn: sqlite3.Connection, path: Path, readonly: bool) -> None:
+        self.conn = conn
+        self.path = path
+        self.readonly = readonly
+
+    # construction -----------------------------------------------------------------------------
+    @classmethod
+    def create(cls, path: str | Path, *, hardware: str, num_sms: int,
+               config: dict[str, Any] | None = None, versions: dict[str, str] | None = None,
+               overwrite: bool = False) -> ProfileDB:
+        path = Path(path)
+        if path.exists():
+            if not overwrite:
+                raise ProfileDBError(f"{path}: already exists; pass overwrite=True or another path")
+            path.unlink()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        conn = sqlite3.connect(path)
+        conn.executescript(_SCHEMA)
+        meta = {"schema_version": str(SCHEMA_VERSION), "hardware": hardware.lower(),
+                "num_sms": str(num_sms), "config": json.dumps(config or {}, sort_keys=True),
+                **{k: str(v) for k, v in (versions or {}).items()}}
+        conn.executemany("INSERT INTO meta VALUES (?, ?)", sorted(meta.items()))
+        conn.commit()
+        return cls(conn, path, readonly=False)
+
+    @classmethod
+    def open(cls, path: str | Path, *, hardware: str | None = None,
+             readonly: bool = True) -> ProfileDB:
+        """Open an existing DB, checking it is SQLite, of this schema and for `hardware`."""
+        path = Path(path)
+        if not path.is_file():
+            raise ProfileDBError(f"profile DB {path} does not exist; {FIX}")
+        uri = path.resolve().as_uri() + ("?mode=ro" if readonly else "?mode=rw")
+        try:
+            conn = sqlite3.connect(uri, uri=True)
+            rows = conn.execute("SELECT key, value FROM meta").fetchall()
+        except sqlite3.DatabaseError as exc:
+            raise ProfileDBError(f"{path} is not a profile DB ({exc}); {FIX}") from None
+        meta = dict(rows)
+        version = meta.get("schema_version")
+        if version != str(SCHEMA_VERSION):
+            conn.close()
+            raise ProfileDBError(
+                f"{path} has schema_version {version}, this mosaic reads {SCHEMA_VERSION}; {FIX}")
+        if hardware is not None and meta.get("hardware") != hardware.lower():
+            conn.close()
+            raise ProfileDBError(
+                f"{path} was profiled on {meta.get('hardware')!r}, not {hardware.lower()!r}; "
+                f"profile this hardware or pass its DB with --db")
+        return cls(conn, path, readonly)
+
+    def close(self) -> None:
+        self.conn.close()
+
+    def __enter__(self) -> ProfileDB:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # meta -------------------------------------------------------------------------------------
+    @property
+    def meta(self) -> dict[str, str]:
+        return dict(self.conn.execute("SELECT key, value FROM meta").fetchall())
+
+    @property
+    def hardware(self) -> str:
+        return self.meta["hardware"]
+
+    @property
+    def config(self) -> dict[str, Any]:
+        return json.loads(self.meta.get("config", "{}"))
+
+    def set_meta(self, key: str, value: str) -> None:
+        self._write("INSERT OR REPLACE INTO meta VALUES (?, ?)", [(key, str(value))])
+
+    def _write(self, sql: str, rows: list[tuple[Any, ...]]) -> None:
+        if self.readonly:
+            raise ProfileDBError(f"{self.path} is open read-only; open it with readonly=False to write")
+        self.conn.executemany(sql, rows)
+        self.conn.commit()
+
+    # writers ----------------------------------------------------------------------------------
+    def add_module(self, model: str, preset: str, spec: ModuleSpec) -> str:
+        sig = module_signature(spec)
+        self._write("INSERT OR REPLACE INTO modules VALUES (?, ?, ?, ?, ?)",
+                    [(model, preset, spec.name, sig, spec_to_json(spec))])
+        return sig
+
+    def add_points(self, points: list[ModulePoint]) -> None:
+        self._write("INSERT OR REPLACE INTO module_points VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    [(p.signature, p.per_gpu_batch, p.num_sms, p.time_s, p.spread, p.repeats,
+                      p.phase) for p in points])
+
+    def add_colocation(self, point: ColocPoint) -> None:
+        works = json.dumps([asdict(w) for w in point.works])
+        self._write("INSERT INTO colocations (model, preset, sharing, works_json, group_time_s,"
+                    " spread, repeats) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    [(point.model, point.preset, point.sharing, works, point.group_time_s,
+                      point.spread, point.repeats)])
+
+    def add_signature(self, point: SignaturePoint) -> None:
+        self._write("INSERT OR REPLACE INTO signatures VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    [(point.signature, point.per_gpu_batch, point.num_sms, point.antagonist_sms,
+                      point.alone_s, point.with_antagonist_s, point.bytes_per_s, point.method)])
+
+    def add_comm(self, points: list[CommPoint]) -> None:
+        self._write("INSERT INTO comm VALUES (?, ?, ?, ?, ?)",
+                    [(p.kind, p.num_gpus, p.num_bytes, p.time_s, p.source) for p in points])
+
+    def add_fit(self, fit: FitRecord) -> None:
+        self._write("INSERT OR REPLACE INTO fits VALUES (?, ?, ?, ?, ?)",
+                    [(fit.name, json.dumps(fit.params, sort_keys=True), fit.mape, fit.n_points,
+                      fit.created)])
+
+    # readers ----------------------------------------------------------------------------------
+    def modules(self) -> list[ModuleRecord]:
+        rows = self.conn.execute("SELECT model, preset, module, signature, spec_json FROM modules"
+                                 " ORDER BY model, preset, module").fetchall()
+        return [ModuleRecord(model=r[0], preset=r[1], module=r[2], signature=r[3],
+                             spec=spec_from_json(r[4])) for r in rows]
+
+    def points(self, signature: str | None = None) -> list[ModulePoint]:
+        sql = "SELECT * FROM module_points"
+        args: tuple[Any, ...] = ()
+        if signature is not None:
+            sql, args = sql + " WHERE signature = ?", (signature,)
+        rows = self.conn.execute(sql + " ORDER BY signature, per_gpu_batch, num_sms", args)
+        return [ModulePoint(signature=r[0], per_gpu_batch=r[1], num_sms=r[2], time_s=r[3],
+                            spread=r[4], repeats=r[5], phase=r[6]) for r in rows]
+
+    def colocations(self) -> list[ColocPoint]:
+        rows = self.conn.execute("SELECT id, model, preset, sharing, works_json, group_time_s,"
+                                 " spread, repeats FROM colocations ORDER BY id").fetchall()
+        return [ColocPoint(id=r[0], model=r[1], preset=r[2], sharing=r[3],
+                           works=tuple(ColocWork(**w) for w in json.loads(r[4])),
+                           group_time_s=r[5], spread=r[6], repeats=r[7]) for r in rows]
+
+    def signatures(self) -> list[SignaturePoint]:
+        rows = self.conn.execute("SELECT * FROM signatures ORDER BY signature").fetchall()
+        return [SignaturePoint(signature=r[0], per_gpu_batch=r[1], num_sms=r[2],
+                               antagonist_sms=r[3], alone_s=r[4], with_antagonist_s=r[5],
+                               bytes_per_s=r[6], method=r[7]) for r in rows]
+
+    def comm(self, kind: str | None = None) -> list[CommPoint]:
+        rows = self.conn.execute("SELECT * FROM comm ORDER BY kind, num_gpus, num_bytes").fetchall()
+        pts = [CommPoint(kind=r[0], num_gpus=r[1], num_bytes=r[2], time_s=r[3], source=r[4])
+               for r in rows]
+        return [p for p in pts if kind is None or p.kind == kind]
+
+    def fits(self) -> list[FitRecord]:
+        rows = self.conn.execute("SELECT * FROM fits ORDER BY name").fetchall()
+        return [FitRecord(name=r[0], params=json.loads(r[1]), mape=r[2], n_points=r[3],
+                          created=r[4]) for r in rows]
+
+    def iter_counts(self) -> Iterator[tuple[str, int]]:
+        for table in ("modules", "module_points", "colocations", "signatures", "comm", "fits"):
+            yield table, self.conn.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0]

@@ -1,0 +1,476 @@
+"""The profiler (GPU): zoo models -> ProfileDB, within a wall-clock budget.
+
+Per model, in order (later steps are cut first when the budget runs short):
+1. Scaling surface of every *distinct* module (symmetry pruning: modules whose cost facts are
+   equal share a signature and are measured once, across models too; a per-GPU batch b on k
+   SMs is one measurement whatever DP degree or GPU set produced it). Points: a coarse grid,
+   then bisection where neighbours' interpolation misses a midpoint by > tol (sampling.py).
+   Each point: fwd+bwd as a CUDA graph captured on a stream with exactly k SMs (a green
+   context; the whole GPU on a plain stream), median over event-timed replays.
+2. Bandwidth signature of each distinct module: its time on a 64-SM partition alone and next to
+   a device-copy antagonist on the other SMs (the slowdown is its memory sensitivity); its
+   bandwidth demand is the analytic byte count over the measured time (interference.py).
+3. Colocations of independent modules (pairs, a triple): partition, cap, free and free with a
+   high-priority stream, at two per-GPU batches; per-module times alone and together.
+4. Communication curves: measured with NCCL when several GPUs exist, else analytic.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+import torch
+
+from mosaic.graph import MMGraph
+from mosaic.hardware import GPUSpec, gpu_spec, make_cluster
+from mosaic.perf.interference import module_bytes
+from mosaic.profile.bench import (
+    Antagonist,
+    GraphBench,
+    ProfilerError,
+    StreamBank,
+    Timing,
+    TimingConfig,
+    free_device_memory,
+    time_group,
+)
+from mosaic.profile.db import (
+    ColocPoint,
+    ColocWork,
+    CommPoint,
+    ModulePoint,
+    ProfileDB,
+    SignaturePoint,
+)
+from mosaic.profile.sampling import batch_grid, coarse_points, refine
+
+MODES = ("partition", "cap", "free", "free-prio")
+ANTAGONIST_SPLIT = 64
+"""The module gets this many SMs in its bandwidth-signature run; the antagonist the rest."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ProfilerConfig:
+    hardware: str = "h200"
+    preset: str = "small"
+    tol: float = 0.05
+    """Refine where neighbours' interpolation misses a midpoint by more than this."""
+    refine_budget: int = 8
+    """Points per distinct module beyond the coarse grid."""
+    coloc_batches: tuple[str, ...] = ("mid", "max")
+    max_pairs: int = 3
+    max_triples: int = 1
+    modes: tuple[str, ...] = MODES
+    antagonist: bool = True
+    budget_s: float = 220.0
+    """Wall-clock budget for everything; each model gets an equal share of what is left."""
+    amp: bool = True
+    """bf16 autocast over fp32 weights, as the engine trains."""
+    timing: TimingConfig = field(default_factory=TimingConfig)
+
+    def __post_init__(self) -> None:
+        bad = [m for m in self.modes if m not in MODES]
+        if bad:
+            raise ProfilerError(f"modes {bad}: choose from {MODES}")
+        if not 0 < self.tol < 1:
+            raise ProfilerError(f"tol={self.tol}: use a fraction such as 0.05")
+
+
+@dataclass(slots=True)
+class ModelReport:
+    model: str
+    num_modules: int = 0
+    num_distinct: int = 0
+    points: int = 0
+    full_grid: int = 0
+    colocations: int = 0
+    signatures: int = 0
+    wall_s: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+
+# --- one model -----------------------------------------------------------------------------------
+class ModelProfiler:
+    """Profiles one zoo model into the DB; `measured` carries signatures across models."""
+
+    def __init__(self, name: str, cfg: ProfilerConfig, db: ProfileDB, bank: StreamBank,
+                 measured: set[str], device: str = "cuda") -> None:
+        from mosaic.zoo import get_model
+
+        self.zoo = get_model(name)
+        self.cfg, self.db, self.bank, self.measured = cfg, db, bank, measured
+        self.device = device
+        self.graph: MMGraph = self.zoo.graph(cfg.preset)
+        self.batches = batch_grid(self.graph.global_batch)
+        self.modules = self.zoo.build_modules(cfg.preset, device)
+        self.shapes = self.zoo.in_shapes(cfg.preset)
+        self.sigs = {m.name: db.add_module(name, cfg.preset, m) for m in self.graph.modules}
+        self.report = ModelReport(model=name, num_modules=len(self.graph.modules))
+        self._inputs: dict[int, dict[str, tuple[torch.Tensor, ...]]] = {}
+        self._benches: dict[tuple[str, int], GraphBench] = {}
+
+    # inputs and benches -----------------------------------------------------------------------
+    def bench(self, name: str, b: int) -> GraphBench:
+        if (name, b) not in self._benches:
+            if b not in self._inputs:
+                gen = torch.Generator().manual_seed(b)
+                self._inputs[b] = self.zoo.make_inputs(self.cfg.preset, b, gen)
+            own = [t.to(self.device) for t in self._inputs[b][name]]
+            upstream = [torch.randn(b, *shape, device=self.device, requires_grad=True)
+                        for shape in self.shapes[name]]
+            self._benches[(name, b)] = GraphBench(self.modules[name], own + upstream, self.cfg.amp)
+        return self._benches[(name, b)]
+
+    def measure(self, name: str, b: int, stream: torch.cuda.Stream) -> Timing:
+        graph = self.bench(name, b).capture(stream)
+        t = time_group([(graph.replay, stream)], self.cfg.timing)
+        del graph
+        return t
+
+    def _drop_benches(self) -> None:
+        for (name, b), bench in sorted(self._benches.items()):
+            if bench.capture_errors:
+                how = "timed eagerly" if bench.eager else f"captured in {bench.mode} mode"
+                self._note(f"{name}: capture failed at batch {b} ({bench.capture_errors[0]}); {how}")
+        self._benches.clear()
+
+    def _note(self, note: str) -> None:
+        key = note.split(" at batch")[0]
+        if not any(n.startswith(key) for n in self.report.notes):
+            self.report.notes.append(note)
+
+    def release(self) -> None:
+        self._drop_benches()
+        self._inputs.clear()
+        self.modules.clear()
+        if torch.cuda.is_available():
+            free_device_memory()
+
+    # 1. surfaces ------------------------------------------------------------------------------
+    def surfaces(self, refine_until: float) -> None:
+        sms = self.bank.sm_values
+        self.report.full_grid = len(self.graph.modules) * len(self.batches) * len(sms)
+        distinct = {sig: name for name, sig in reversed(list(self.sigs.items()))}
+        self.report.num_distinct = len(distinct)
+        for sig, name in distinct.items():
+            if sig in self.measured:
+                self.report.notes.append(f"{name}: same cost facts as a module measured before")
+                continue
+            self._surface(sig, name, refine_until)
+            self.measured.add(sig)
+            self._drop_benches()
+
+    def _surface(self, sig: str, name: str, refine_until: float) -> None:
+        sms = self.bank.sm_values
+        measured: dict[tuple[int, int], float] = {}
+        timings: dict[tuple[int, int], Timing] = {}
+
+        def run(b: int, k: int) -> float:
+            timings[(b, k)] = self.measure(name, b, self.bank.stream(k)[1])
+            return timings[(b, k)].median_s
+
+        for b, k in coarse_points(self.batches, sms):
+            measured[(b, k)] = run(b, k)
+        coarse = set(measured)
+        if time.perf_counter() < refine_until:
+            refine(run, measured, self.batches, sms, tol=self.cfg.tol,
+                   budget=self.cfg.refine_budget)
+        else:
+            self.report.notes.append(f"{name}: refinement skipped (budget)")
+        self.db.add_points([ModulePoint(signature=sig, per_gpu_batch=b, num_sms=k,
+                                        time_s=t.median_s, spread=t.spread, repeats=t.repeats,
+                                        phase="coarse" if (b, k) in coarse else "refine")
+                            for (b, k), t in sorted(timings.items())])
+        self.report.points += len(timings)
+
+    # 2. bandwidth signatures --------------------------------------------------------------------
+    def signatures(self, antagonist: Antagonist, copy_s: float) -> None:
+        b = self.batches[len(self.batches) // 2]
+        (s_mod, s_ant), got = antagonist_streams(self.bank)
+        done = {row.signature for row in self.db.signatures()}
+        for name, sig in self.sigs.items():
+            if sig in done:
+                continue
+            done.add(sig)
+            graph = self.bench(name, b).capture(s_mod)
+            alone = time_group([(graph.replay, s_mod)], self.cfg.timing).median_s
+            antagonist.copies = math.ceil(1.5 * alone / copy_s) + 2
+            both = time_group([(graph.replay, s_mod)], self.cfg.timing,
+                              background=(antagonist, s_ant)).median_s
+            spec = self.graph.module(name)
+            self.db.add_signature(SignaturePoint(
+                signature=sig, per_gpu_batch=b, num_sms=got[0], antagonist_sms=got[1],
+                alone_s=alone, with_antagonist_s=both,
+                bytes_per_s=module_bytes(spec, b) / alone,
+                method="device-copy antagonist on the other SMs; bytes = analytic count"))
+            self.report.signatures += 1
+            del graph
+        self._drop_benches()
+
+    # 3. colocations -----------------------------------------------------------------------------
+    def groups(self) -> list[list[str]]:
+        """Independent modules to colocate: pairs and triples of the widest graph level,
+        heaviest first."""
+        level = max(self.graph.levels(), key=len)
+        ranked = sorted(level, key=lambda n: -self.graph.module(n).flops_per_sample)
+        pairs = list(itertools.combinations(ranked, 2))[: self.cfg.max_pairs]
+        triples = list(itertools.combinations(ranked, 3))[: self.cfg.max_triples]
+        return [list(g) for g in pairs + triples]
+
+    def colocations(self, deadline: float) -> None:
+        picks = {"min": self.batches[0], "mid": self.batches[len(self.batches) // 2],
+                 "max": self.batches[-1]}
+        batches = sorted({picks[p] for p in self.cfg.coloc_batches})
+        plan = [(g, b, mode) for b in batches for g in self.groups() for mode in self.cfg.modes]
+        for i, (members, b, mode) in enumerate(plan):
+            if time.perf_counter() > deadline:
+                self.report.notes.append(f"colocations: {len(plan) - i} of {len(plan)} skipped (budget)")
+                break
+            point = self.colocate(members, b, mode)
+            if point is None:
+                self._note(f"colocations with {members} at batch {b}: skipped (a member runs eagerly)")
+                continue
+            self.db.add_colocation(point)
+            self.report.colocations += 1
+        self._drop_benches()
+
+    def _shares(self, members: Sequence[str], b: int) -> list[int]:
+        """SMs per member in proportion to its whole-GPU time, multiples of 8, >= 16, sum 128."""
+        g = self.bank.gpu.sm_granularity
+        weight = [self._full_time(m, b) for m in members]
+        if None in weight:  # some module unmeasured at this batch: FLOPs instead, for all
+            weight = [self.graph.module(m).flops_per_sample for m in members]
+        units = (self.bank.full_sms // g) - 2 * len(members)
+        extra = [int(units * w / sum(weight)) for w in weight]
+        return [g * (2 + e) for e in extra]
+
+    def _full_time(self, name: str, b: int) -> float | None:
+        """Measured whole-GPU time of the module at batch b (measured under any model)."""
+        return next((p.time_s for p in self.db.points(self.sigs[name])
+                     if p.per_gpu_batch == b and p.num_sms == self.bank.full_sms), None)
+
+    def colocate(self, members: Sequence[str], b: int, mode: str) -> ColocPoint | None:
+        shares = self._shares(members, b)
+        heaviest = max(range(len(members)), key=lambda i: shares[i])
+        full = self.bank.full_sms
+        if mode == "partition":
+            sizes, prio = shares, [0] * len(members)
+        elif mode == "cap":  # the heaviest runs uncapped, the others capped at their share
+            sizes = [full if i == heaviest else s for i, s in enumerate(shares)]
+            prio = [0] * len(members)
+        else:
+            sizes = [full] * len(members)
+            prio = [int(mode == "free-prio" and i == heaviest) for i in range(len(members))]
+        base = "free" if mode.startswith("free") else mode
+        _, streams, got = self.bank.group(base, sizes, prio)
+        graphs = [self.bench(m, b).capture(s) for m, s in zip(members, streams, strict=True)]
+        if any(self.bench(m, b).eager for m in members):
+            return None  # eager launches from one thread would time Python, not sharing
+        alone = [time_group([(g.replay, s)], self.cfg.timing).median_s
+                 for g, s in zip(graphs, streams, strict=True)]
+        together = time_group([(g.replay, s) for g, s in zip(graphs, streams, strict=True)],
+                              self.cfg.timing)
+        works = tuple(ColocWork(module=m, signature=self.sigs[m], per_gpu_batch=b, num_sms=k,
+                                priority=p, alone_s=a, time_s=t)
+                      for m, k, p, a, t in zip(members, got, prio, alone, together.members_s,
+                                               strict=True))
+        return ColocPoint(model=self.zoo.name, preset=self.cfg.preset, sharing=base, works=works,
+                          group_time_s=together.median_s, spread=together.spread,
+                          repeats=together.repeats)
+
+
+def antagonist_streams(bank: StreamBank) -> tuple[tuple[Any, Any], list[int]]:
+    """(module stream, antagonist stream) on two disjoint partitions, and their SM counts."""
+    rest = bank.full_sms - ANTAGONIST_SPLIT
+    _, streams, got = bank.group(
+        "partition", [ANTAGONIST_SPLIT, rest - rest % bank.gpu.sm_granularity], [0, 0])
+    return (streams[0], streams[1]), got
+
+
+# --- communication -----------------------------------------------------------------------------
+COMM_BYTES = tuple(float(4**i) for i in range(5, 17))
+"""1 KiB .. 4 GiB, x4 steps."""
+
+
+def analytic_comm(hardware: str, gpus: Sequence[int] = (2, 4, 8)) -> list[CommPoint]:
+    """Ring all-reduce and p2p curves from the link model (source 'analytic')."""
+    from mosaic.perf.analytic import AnalyticModel
+
+    pts = []
+    for n in gpus:
+        model = AnalyticModel(make_cluster(n, hardware))
+        pts += [CommPoint(kind="allreduce", num_gpus=n, num_bytes=x,
+                          time_s=model.allreduce_s(x, list(range(n))), source="analytic")
+                for x in COMM_BYTES]
+    model = AnalyticModel(make_cluster(2, hardware))
+    pts += [CommPoint(kind="p2p", num_gpus=2, num_bytes=x, time_s=model.transfer_s(x, [0], [1]),
+                      source="analytic") for x in COMM_BYTES]
+    return pts
+
+
+# --- the whole run -------------------------------------------------------------------------------
+def _versions(gpu_name: str) -> dict[str, str]:
+    import datetime
+    import os
+    import subprocess
+
+    out = {"torch": torch.__version__, "cuda": str(torch.version.cuda), "gpu_name": gpu_name,
+           "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")}
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        out["driver"] = str(pynvml.nvmlSystemGetDriverVersion())
+    except Exception:  # versions are informative only
+        out["driver"] = "unknown"
+    out["git_sha"] = os.environ.get("MOSAIC_GIT_SHA", "unknown")  # the GPU copy may lack .git
+    try:
+        git = subprocess.run(["git", "rev-parse", "--verify", "HEAD"], capture_output=True,
+                             text=True, timeout=5, check=False)
+        if git.returncode == 0 and len(git.stdout.strip()) == 40:
+            out["git_sha"] = git.stdout.strip()
+    except OSError:
+        pass
+    return out
+
+
+def _check_device(gpu: GPUSpec) -> None:
+    if not torch.cuda.is_available():
+        raise ProfilerError("profiling needs a CUDA GPU; on CPU use a shipped DB (--db) instead")
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    if sms != gpu.num_sms:
+        raise ProfilerError(f"this GPU has {sms} SMs but hardware {gpu.name!r} has {gpu.num_sms}; "
+                            "pass the matching --hardware")
+
+
+def profile_models(models: Sequence[str], db_path: str, cfg: ProfilerConfig,
+                   log: Callable[[str], None] = print) -> list[ModelReport]:
+    """Profile `models` at cfg.preset into a new DB at `db_path`; returns one report per model."""
+    gpu = gpu_spec(cfg.hardware)
+    _check_device(gpu)
+    start = time.perf_counter()
+    config = {**asdict(cfg), "models": list(models)}
+    db = ProfileDB.create(db_path, hardware=gpu.name, num_sms=gpu.num_sms, config=config,
+                          versions=_versions(torch.cuda.get_device_name(0)), overwrite=True)
+    bank = StreamBank(gpu)
+    cfg = replace(cfg, timing=replace(cfg.timing, clock=bank.clock))
+    log(f"streams: {len(bank.sm_values)} SM counts {bank.sm_values}, clock={bank.clock}")
+    antagonist = Antagonist()
+    (_, ant_stream), _ = antagonist_streams(bank)
+    copy_s = time_group([(antagonist, ant_stream)], cfg.timing).median_s
+    measured: set[str] = set()
+    reports = []
+    try:
+        for i, name in enumerate(models):
+            try:
+                reports.append(_profile_one(name, cfg, db, bank, measured, antagonist, copy_s,
+                                            start, len(models) - i, log))
+            except Exception as exc:  # keep the other models' profiles; say what broke
+                log(f"[{name}] FAILED: {type(exc).__name__}: {exc}\n{traceback.format_exc()}")
+                reports.append(ModelReport(model=name, notes=[f"failed: {exc}"]))
+                torch.cuda.synchronize()
+                torch.cuda.empty_cache()
+        db.add_comm(_comm(cfg.hardware, log))
+        db.set_meta("profile_wall_s", f"{time.perf_counter() - start:.1f}")
+    finally:
+        bank.close()
+        db.close()
+    return reports
+
+
+def _profile_one(name: str, cfg: ProfilerConfig, db: ProfileDB, bank: StreamBank,
+                 measured: set[str], antagonist: Antagonist, copy_s: float, start: float,
+                 models_left: int, log: Callable[[str], None]) -> ModelReport:
+    t0 = time.perf_counter()
+    deadline = t0 + (cfg.budget_s - (t0 - start)) / models_left
+    prof = ModelProfiler(name, cfg, db, bank, measured)
+    log(f"[{name}] {len(prof.graph.modules)} modules, batches {prof.batches}, "
+        f"SMs {bank.sm_values}")
+    prof.surfaces(refine_until=t0 + 0.45 * (deadline - t0))
+    log(f"[{name}] surfaces: {prof.report.points} points in {time.perf_counter() - t0:.1f}s")
+    if cfg.antagonist:
+        prof.signatures(antagonist, copy_s)
+    prof.colocations(deadline)
+    prof.release()
+    prof.report.wall_s = time.perf_counter() - t0
+    log(f"[{name}] done in {prof.report.wall_s:.1f}s: {prof.report.colocations} colocations; "
+        + "; ".join(prof.report.notes))
+    return prof.report
+
+
+def _comm(hardware: str, log: Callable[[str], None]) -> list[CommPoint]:
+    """Analytic curves always (labelled so); NCCL measurements too when several GPUs exist."""
+    pts = analytic_comm(hardware)
+    world = torch.cuda.device_count()
+    if world > 1:
+        try:
+            pts += measure_comm(world)
+        except Exception as exc:  # a failed NCCL run must not lose the whole profile
+            log(f"NCCL measurement failed ({type(exc).__name__}: {exc}); analytic curves only")
+    return pts
+
+
+def measure_comm(world: int, max_bytes: float = float(256 << 20)) -> list[CommPoint]:
+    """NCCL all-reduce over the first n GPUs (n = 2, 4, .. world) and p2p 0 -> 1, one process
+    per GPU; NVLink multicast stays off (NCCL_NVLS_ENABLE=0)."""
+    import json
+    import os
+    import tempfile
+
+    import torch.multiprocessing as mp
+
+    os.environ["NCCL_NVLS_ENABLE"] = "0"
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "comm.json")
+        mp.spawn(_comm_worker, args=(world, 29500 + os.getpid() % 1000, out, max_bytes),
+                 nprocs=world, join=True)
+        with open(out) as f:
+            rows = json.load(f)
+    return [CommPoint(source="measured", **r) for r in rows]
+
+
+def _comm_worker(rank: int, world: int, port: int, out: str, max_bytes: float) -> None:
+    import json
+    import os
+
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), NCCL_NVLS_ENABLE="0")
+    torch.cuda.set_device(rank)
+    dist.init_process_group("nccl", rank=rank, world_size=world)
+    rows = []
+    sizes = [n for n in (2, 4, 8, 16) if n <= world]
+    groups = {n: dist.new_group(list(range(n))) for n in sizes}  # every rank makes every group
+    for x in (b for b in COMM_BYTES if b <= max_bytes):
+        buf = torch.ones(int(x) // 2, dtype=torch.bfloat16, device="cuda")
+        for n in sizes:
+            if rank < n:
+                rows.append({"kind": "allreduce", "num_gpus": n, "num_bytes": x,
+                             "time_s": _timed(lambda b=buf, g=groups[n]: dist.all_reduce(b, group=g))})
+        if rank < 2:
+            op = dist.send if rank == 0 else dist.recv
+            rows.append({"kind": "p2p", "num_gpus": 2, "num_bytes": x,
+                         "time_s": _timed(lambda b=buf, o=op: o(b, 1 - rank))})
+    if rank == 0:
+        with open(out, "w") as f:
+            json.dump(rows, f)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def _timed(fn: Callable[[], object], repeats: int = 5) -> float:
+    fn()  # warm-up (NCCL connects lazily)
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(repeats):
+        fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / 1e3 / repeats

@@ -1,0 +1,56 @@
+"""The profiler's GPU mechanics: a module graphed on quota'd streams gets slower with fewer SMs."""
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(scope="module")
+def bank():
+    from mosaic.hardware import H200
+    from mosaic.profile.bench import StreamBank
+
+    bank = StreamBank(H200)
+    yield bank
+    bank.close()
+
+
+def _mlp():
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    layers = [m for _ in range(4) for m in (nn.Linear(2048, 2048), nn.GELU())]
+    module = nn.Sequential(*layers).cuda()
+    x = torch.randn(8192, 2048, device="cuda", requires_grad=True)
+    return module, x
+
+
+def test_fewer_sms_is_slower(bank):
+    from mosaic.profile.bench import GraphBench, TimingConfig, time_group
+
+    module, x = _mlp()
+    bench = GraphBench(module, [x])
+    times = {}
+    for k in (16, 128):
+        sms = min(v for v in bank.sm_values if v >= k)
+        stream = bank.stream(sms)[1]
+        graph = bench.capture(stream)
+        times[k] = time_group([(graph.replay, stream)], TimingConfig(clock=bank.clock)).median_s
+    assert times[16] > 2.0 * times[128], times
+
+
+def test_colocated_group_times_each_member(bank):
+    from mosaic.profile.bench import GraphBench, TimingConfig, time_group
+
+    module_a, xa = _mlp()
+    module_b, xb = _mlp()
+    _, streams, got = bank.group("partition", [64, 64], [0, 0])
+    assert got[0] == 64 and got[1] >= 64
+    graphs = [GraphBench(m, [x]).capture(s)
+              for m, x, s in zip((module_a, module_b), (xa, xb), streams, strict=True)]
+    alone = time_group([(graphs[0].replay, streams[0])], TimingConfig(clock=bank.clock))
+    both = time_group([(g.replay, s) for g, s in zip(graphs, streams, strict=True)], TimingConfig(clock=bank.clock))
+    assert len(both.members_s) == 2 and both.median_s == pytest.approx(max(both.members_s), rel=0.2)
+    # disjoint halves: together is not much slower than alone (only bandwidth is shared)
+    assert both.members_s[0] < 1.6 * alone.median_s

@@ -1,0 +1,198 @@
+"""ProfiledModel on a synthetic DB whose ground truth is known (analytic times + noise, and a
+non-linear bandwidth contention), so fitting and held-out accuracy are checked on CPU."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from mosaic.hardware import make_cluster
+from mosaic.perf import make_perf_model
+from mosaic.perf.accuracy import model_error, print_model_error
+from mosaic.perf.base import PerfModel, Work
+from mosaic.perf.interference import InterferenceParams, finish_times_s
+from mosaic.perf.profiled import ProfiledModel, SurfaceSet, fit_surface
+from mosaic.plan import Placement, Plan, Stage
+from mosaic.profile.db import ColocPoint, ColocWork, ModulePoint, ProfileDB, ProfileDBError
+from tests.helpers import encoders_and_head, spec
+
+CLUSTER = make_cluster(1, "h200")
+BATCHES = (1, 2, 4, 8, 16, 32)
+SMS = (8, 16, 32, 48, 64, 96, 132)
+TRUTH = InterferenceParams(variant="aware", alpha=6.0, p=1.5, q=2.0, zeta=0.7, prio_boost=2.0,
+                           cap_share=0.4, kappa=0.02)
+
+
+def _specs():
+    return [
+        spec("vision", params_m=80, tokens=256, dim=1024, layers=8),
+        spec("audio", params_m=20, tokens=512, dim=768, layers=6),
+        spec("text", params_m=10, tokens=64, dim=512, layers=4),
+        spec("imu", params_m=1, tokens=1024, dim=1024, layers=6),  # memory-bound
+        spec("motion", params_m=2, tokens=768, dim=768, layers=4),  # memory-bound
+    ]
+
+
+def _noise(rng, sigma):
+    return float(np.exp(sigma * rng.standard_normal()))
+
+
+def _coloc(rng, truth, specs, sigs, sharing):
+    n = int(rng.choice([2, 2, 3]))
+    idx = rng.choice(len(specs), size=n, replace=False)
+    b = int(rng.choice(BATCHES[1:]))
+    if sharing == "partition":
+        cuts = np.sort(rng.choice(np.arange(1, 16), size=n - 1, replace=False))
+        sms = np.diff(np.r_[0, cuts, 16]) * 8
+    elif sharing == "cap":
+        sms = [int(rng.choice([16, 32, 64])) for _ in range(n - 1)] + [132]
+    else:
+        sms = [132] * n
+    prio = [1 if (sharing == "free" and i == 0 and rng.random() < 0.5) else 0 for i in range(n)]
+    cows = [truth.cowork(specs[i], b, int(k), p) for i, k, p in zip(idx, sms, prio, strict=True)]
+    times = [t * _noise(rng, 0.01) for t in finish_times_s(TRUTH, cows, sharing)]
+    group = max(times)
+    works = tuple(ColocWork(module=specs[i].name, signature=sigs[i], per_gpu_batch=b,
+                            num_sms=int(k), priority=p, alone_s=c.alone_s, time_s=float(t))
+                  for i, k, p, c, t in zip(idx, sms, prio, cows, times, strict=True))
+    return ColocPoint(model="toy", preset="tiny", sharing=sharing, works=works,
+                      group_time_s=group)
+
+
+def make_synthetic_db(path, *, sigma=0.01, num_colocs=72, seed=0):
+    """Analytic ground truth + log-normal noise; colocations under TRUTH's contention."""
+    rng = np.random.default_rng(seed)
+    truth = SurfaceSet(CLUSTER, {}, {}, {})  # no points: the analytic model, calibration 1
+    specs = _specs()
+    db = ProfileDB.create(path, hardware="h200", num_sms=132, config={"synthetic": True})
+    sigs = [db.add_module("toy", "tiny", s) for s in specs]
+    for s, sig in zip(specs, sigs, strict=True):
+        db.add_points([ModulePoint(signature=sig, per_gpu_batch=b, num_sms=k,
+                                   time_s=truth.time_s(s, b, k) * _noise(rng, sigma))
+                       for b in BATCHES for k in SMS])
+    modes = ("partition", "free", "cap")
+    for i in range(num_colocs):
+        db.add_colocation(_coloc(rng, truth, specs, sigs, modes[i % 3]))
+    db.close()
+    return truth, specs
+
+
+@pytest.fixture(scope="module")
+def synthetic(tmp_path_factory):
+    path = tmp_path_factory.mktemp("db") / "h200.sqlite"
+    truth, specs = make_synthetic_db(path)
+    return path, truth, specs
+
+
+def test_recovers_held_out_single_points(synthetic):
+    path, truth, specs = synthetic
+    model = ProfiledModel(CLUSTER, path)
+    errors = []
+    for s in specs:
+        for b in (3, 6, 12, 24):  # batches never measured
+            for k in (24, 40, 56, 80, 104, 120):  # SM counts never measured
+                pred = model.module_time_s(s, b, k / 132)
+                errors.append(abs(pred / truth.time_s(s, b, k) - 1))
+    assert np.mean(errors) < 0.04 and np.percentile(errors, 90) < 0.08
+
+
+def test_interference_aware_beats_unaware_and_linear(synthetic):
+    path, _, _ = synthetic
+    result = model_error(path, CLUSTER, folds=3)
+    rows = result["rows"]
+    aware, linear, unaware = (rows[f"profiled-{v}"]["coloc_mape"] for v in ("aware", "linear", "unaware"))
+    assert aware < 4.0, rows
+    assert aware < 0.8 * linear and aware < 0.8 * unaware, rows
+    assert rows["profiled-aware"]["single_mape"] < 4.0
+    assert rows["profiled-aware"]["n_points"]["coloc"] == 72
+    print_model_error(result)
+
+
+def test_never_nan_outside_the_hull():
+    pts = [ModulePoint(signature="s", per_gpu_batch=b, num_sms=k, time_s=1e-3 * (1 + b / k))
+           for b in (4, 8, 16) for k in (32, 64, 96)]
+    surface = fit_surface(pts)
+    b = np.array([1, 2, 4, 64, 1024, 16, 4])
+    k = np.array([1, 8, 132, 200, 8, 1000, 0.5])
+    out = surface.predict(b, k)
+    assert np.all(np.isfinite(out)) and np.all(out > 0)
+    # few points (collinear): parametric only, still finite
+    line = fit_surface(pts[:3])
+    assert np.all(np.isfinite(line.predict(b, k)))
+
+
+def test_monotone_in_sms_and_fallback(synthetic):
+    path, truth, specs = synthetic
+    model = ProfiledModel(CLUSTER, path)
+    for s in specs:
+        times = [model.module_time_s(s, 8, k / 132) for k in range(8, 133, 8)]
+        assert all(a >= b for a, b in zip(times, times[1:], strict=False))
+    unknown = spec("unknown", params_m=33, tokens=100, dim=640, layers=3)
+    expected = truth.time_s(unknown, 8, 64) * model.surfaces.calibration
+    assert model.module_time_s(unknown, 8, 64 / 132) == pytest.approx(expected)
+    assert "analytic x" in model.describe() and "interference=aware" in model.describe()
+
+
+def test_is_a_perf_model_a_planner_can_use(synthetic):
+    path, _, _ = synthetic
+    graph = encoders_and_head(3, batch=32)
+    for variant in ("aware", "linear", "unaware"):
+        model = make_perf_model("profiled", CLUSTER, db=path, interference=variant)
+        assert isinstance(model, PerfModel) and model.name == "profiled"
+        enc = [m.name for m in graph.modules if m.kind == "encoder"]
+        colocated = Plan(model="toy", planner="manual", num_gpus=1, stages=(
+            Stage(sharing="free", placements=tuple(
+                Placement(module=e, gpus=(0,), priority=int(i == 0)) for i, e in enumerate(enc))),
+            Stage(placements=(Placement(module="head", gpus=(0,)),))))
+        temporal = Plan(model="toy", planner="manual", num_gpus=1, stages=tuple(
+            Stage(placements=(Placement(module=m, gpus=(0,)),)) for m in [*enc, "head"]))
+        for plan in (colocated, temporal):
+            t = model.iteration_time_s(plan, graph)
+            assert np.isfinite(t) and t > 0
+            assert 0 < model.gpu_utilisation(plan, graph) <= 1
+            assert model.predict(plan, graph).predicted_iteration_s == pytest.approx(t)
+        works = [Work(graph.module(e), 32, 0.33) for e in enc]
+        part = model.colocated_time_s(works, "partition")
+        assert part >= max(model.module_time_s(w.module, 32, 0.33) for w in works) * 0.999
+
+
+def test_unknown_variant_and_missing_db(tmp_path):
+    with pytest.raises(ValueError, match="interference='bogus'"):
+        InterferenceParams(variant="bogus")
+    with pytest.raises(ProfileDBError, match="does not exist"):
+        ProfiledModel(CLUSTER, tmp_path / "missing.sqlite")
+
+
+def test_stored_fit_is_used_and_stale_one_refitted(tmp_path):
+    from dataclasses import asdict
+
+    from mosaic.profile.db import FitRecord
+
+    path = tmp_path / "h200.sqlite"
+    make_synthetic_db(path, num_colocs=6)
+    stored = InterferenceParams(variant="aware", alpha=1.23, fitted_on=6)
+    with ProfileDB.open(path, readonly=False) as db:
+        db.add_fit(FitRecord(name="model_error.aware", params=asdict(stored), mape=2.5,
+                             n_points=6, created="now"))
+        db.add_fit(FitRecord(name="model_error.linear", params={"variant": "linear", "old": 1},
+                             mape=3.0, n_points=6, created="now"))
+    aware = ProfiledModel(CLUSTER, path)
+    assert aware.params.alpha == 1.23 and "stored fit" in aware.describe()
+    assert "held-out coloc MAPE 2.5%" in aware.describe()
+    linear = ProfiledModel(CLUSTER, path, interference="linear")
+    assert linear.params_source == "fitted on load" and linear.params.fitted_on == 6
+
+
+def test_shipped_h200_db_predicts_its_own_measurements():
+    from mosaic.profile.db import default_db_path, has_shipped_db
+
+    if not has_shipped_db("h200"):
+        pytest.skip("no shipped H200 profile")
+    model = ProfiledModel(make_cluster(8, "h200"))
+    with ProfileDB.open(default_db_path("h200"), hardware="h200") as db:
+        specs = {m.signature: m.spec for m in db.modules()}
+        points = db.points()
+        assert len(db.colocations()) > 0
+    errors = [abs(model.module_time_s(specs[p.signature], p.per_gpu_batch, p.num_sms / 132)
+                  / p.time_s - 1) for p in points]
+    assert np.median(errors) < 0.03 and max(errors) < 0.25
