@@ -208,6 +208,47 @@ def bench(
         print_bench_table(report)
 
 
+@app.command()
+def profile(
+    models_: Annotated[list[str], typer.Argument(metavar="MODEL...", help="zoo models to profile")],
+    preset: Annotated[str, typer.Option(help="paper | small | tiny")] = "small",
+    hardware: Annotated[str, typer.Option(help="the GPU this runs on: h200 | h100")] = "h200",
+    db: Annotated[Path, typer.Option(help="ProfileDB to write (SQLite; overwritten)")] = Path("runs/profile.sqlite"),
+    budget_s: Annotated[float, typer.Option("--budget", help="wall-clock seconds for profiling")] = 220.0,
+) -> None:
+    """Measure scaling surfaces and colocations on this GPU into a ProfileDB (needs CUDA)."""
+    from mosaic.profile.profiler import ProfilerConfig, profile_models
+    from mosaic.zoo import get_model
+
+    for name in models_:
+        get_model(name)  # unknown names fail before the GPU is touched
+    db.parent.mkdir(parents=True, exist_ok=True)
+    reports = profile_models(models_, str(db), ProfilerConfig(hardware=hardware, preset=preset,
+                                                              budget_s=budget_s))
+    for r in reports:
+        typer.echo(f"{r.model}: {r.points} of {r.full_grid} grid points, {r.colocations} "
+                   f"colocations, {r.wall_s:.1f} s{'; ' + '; '.join(r.notes) if r.notes else ''}")
+    typer.echo(f"wrote {db}")
+
+
+@app.command("model-error")
+def model_error(
+    db: Annotated[Path | None, typer.Option(help="ProfileDB (default: the shipped one)")] = None,
+    hardware: Annotated[str, typer.Option(help="h200 | h100")] = "h200",
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """Prediction error on held-out measured points: aware vs unaware vs linear interference."""
+    from mosaic.perf.accuracy import model_error as compute
+    from mosaic.perf.accuracy import print_model_error
+    from mosaic.profile.db import default_db_path
+
+    result = compute(db or default_db_path(hardware))
+    if as_json:
+        typer.echo(json.dumps(result, indent=2))
+    else:
+        print_model_error(result)
+
+
 def main() -> None:
     """Console entry point: user errors become one line and exit status 2."""
     from mosaic.errors import is_user_error
