@@ -38,6 +38,9 @@ class PerfModel(ABC):
     """Predicts times for plans on one cluster. Subclasses implement the three primitives."""
 
     name: str = "abstract"
+    optimizer_bytes_per_param: float = 0.0
+    """Device-memory traffic of one optimizer step per parameter, when `module_time_s` leaves it
+    out (a measured forward+backward does; fused AdamW in fp32 moves about 28 bytes)."""
 
     def __init__(self, cluster: ClusterSpec) -> None:
         self.cluster = cluster
@@ -105,9 +108,23 @@ class PerfModel(ABC):
             total += 2 * self.transfer_s(num_bytes, a.gpus, b.gpus)
         return total
 
+    def optimizer_s(self, plan: Plan, graph: MMGraph) -> float:
+        """The optimizer step after the last backward: the GPU holding the most parameters."""
+        if self.optimizer_bytes_per_param <= 0:
+            return 0.0
+        params: dict[int, int] = {}
+        for stage in plan.stages:
+            for p in stage.placements:
+                for g in p.gpus:
+                    params[g] = params.get(g, 0) + graph.module(p.module).num_params
+        most = max(params.values(), default=0)
+        return most * self.optimizer_bytes_per_param / self.cluster.gpu.mem_bandwidth_bps
+
     def iteration_time_s(self, plan: Plan, graph: MMGraph) -> float:
-        """T_iteration = sum over stages of T_stage (+ activation transfers between GPU sets)."""
-        return sum(self.stage_time_s(s, graph) for s in plan.stages) + self.transfers_s(plan, graph)
+        """T_iteration = sum over stages of T_stage (+ activation transfers between GPU sets,
+        + the optimizer step where the module times leave it out)."""
+        stages_s = sum(self.stage_time_s(s, graph) for s in plan.stages)
+        return stages_s + self.transfers_s(plan, graph) + self.optimizer_s(plan, graph)
 
     def gpu_utilisation(self, plan: Plan, graph: MMGraph) -> float:
         """Busy SM-seconds over available SM-seconds in one iteration (0..1).

@@ -264,6 +264,7 @@ class ProfiledModel(PerfModel):
     """Measured surfaces + interference (`aware` | `linear` | `unaware`) from a ProfileDB."""
 
     name = "profiled"
+    optimizer_bytes_per_param = 28.0  # surfaces time forward + backward only
 
     def __init__(self, cluster: ClusterSpec, db: ProfileDB | str | Path | None = None, *,
                  interference: str = "aware") -> None:
