@@ -27,7 +27,7 @@ from mosaic.engine.comm import PlanComm
 from mosaic.engine.green import SMPartitionPool, requests_for_plan
 from mosaic.engine.runner import PlanRunner, RunnerConfig
 from mosaic.engine.timer import Timer
-from mosaic.engine.trainer import build_modules, make_batch
+from mosaic.engine.trainer import build_modules, make_batch, make_optimizer
 from mosaic.graph import MMGraph
 from mosaic.hardware import GPUSpec
 from mosaic.plan import Plan
@@ -119,7 +119,7 @@ def _setup(model, preset: str, graph: MMGraph, plans: dict[str, Plan], gpu: GPUS
                                     config=RunnerConfig(graphs=graphs), device=device)
     data = next(iter(runners.values())).local_batch(
         make_batch(model, preset, graph.global_batch, config.seed, 0))
-    optimizer = torch.optim.AdamW(params, lr=config.lr)
+    optimizer = make_optimizer("adamw", params, config.lr)
     return _Setup(device, runners, pools, optimizer, params, data, Timer(device))
 
 

@@ -38,6 +38,20 @@ def load_graph(model: str, preset: str, global_batch: int | None = None):
     return get_model(model).graph(preset, global_batch=global_batch)
 
 
+def load_plans(directory: Path, names: list[str], graph, cluster) -> dict:
+    """`<planner>.json` for each name, validated against this graph and cluster."""
+    from mosaic.plan import Plan
+
+    plans = {}
+    for name in names:
+        path = directory / f"{name}.json"
+        if not path.exists():
+            _fail(f"--plans {directory}: no {path.name}; run `mosaic plan ... --out {directory}` "
+                  f"with --planners {','.join(names)}")
+        plans[name] = Plan.load(path).validate(graph, cluster)
+    return plans
+
+
 def load_perf_model(name: str, cluster, preset: str = "small"):
     """`auto`: the measured profile shipped for this hardware when there is one, else analytic."""
     from mosaic.perf import make_perf_model
@@ -180,6 +194,8 @@ def bench(
     steps_per_round: Annotated[int, typer.Option(help="timed steps per plan per round")] = 5,
     warmup: Annotated[int, typer.Option(help="untimed steps per plan first")] = 5,
     graphs: Annotated[bool, typer.Option(help="per-module CUDA graphs")] = True,
+    plans_dir: Annotated[Path | None, typer.Option("--plans", help="measure the plan JSONs in this "
+                                                   "directory (from `mosaic plan --out`) instead of planning")] = None,
     out: Annotated[Path | None, typer.Option(help="directory for results JSON and timelines")] = None,
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
@@ -194,7 +210,11 @@ def bench(
     zoo_model = get_model(model)
     graph = zoo_model.graph(preset, global_batch=batch)
     perf = load_perf_model(perf_model, cluster, preset)
-    plans = {p.planner: p for p in plan_all(graph, cluster, perf, [n.strip() for n in planners.split(",")])}
+    names = [n.strip() for n in planners.split(",") if n.strip()]
+    if plans_dir is None:
+        plans = {p.planner: p for p in plan_all(graph, cluster, perf, names)}
+    else:
+        plans = load_plans(plans_dir, names, graph, cluster)
     config = BenchConfig(rounds=rounds, steps_per_round=steps_per_round, warmup_steps=warmup,
                          graphs=graphs)
     measurements = measure_plans(zoo_model, preset, graph, plans, cluster.gpu, config)
@@ -247,6 +267,37 @@ def model_error(
         typer.echo(json.dumps(result, indent=2))
     else:
         print_model_error(result)
+
+
+@app.command("bench-planner")
+def bench_planner(
+    modules: Annotated[int, typer.Option(help="modules of the synthetic graphs")] = 8,
+    gpus: Annotated[int, typer.Option(help="GPUs")] = 8,
+    sm_steps: Annotated[str, typer.Option(help="comma-separated SM-share steps; 'hw' = 8-SM granularity")] = "hw",
+    seeds: Annotated[int, typer.Option(help="seeded graphs per configuration")] = 3,
+    exhaustive_limit_s: Annotated[float, typer.Option(help="exhaustive search budget per graph")] = 60.0,
+    plot: Annotated[Path | None, typer.Option(help="PNG of search time and optimality")] = None,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """Planner search time and optimality ratio vs exhaustive (or the best known) on synthetic graphs."""
+    from mosaic.planners.bench import bench_planner as run
+    from mosaic.planners.bench import plot_bench
+
+    steps = [None if s.strip() == "hw" else float(s) for s in sm_steps.split(",") if s.strip()]
+    rows = run(modules, gpus, steps, seeds=tuple(range(seeds)), exhaustive_time_limit_s=exhaustive_limit_s)
+    if plot is not None:
+        plot_bench(rows, plot)
+    if as_json:
+        row = rows[0] if len(rows) == 1 else {"configurations": rows}
+        typer.echo(json.dumps(row, indent=2, default=str))
+        return
+    for r in rows:
+        step = "hw" if r["sm_step"] is None else r["sm_step"]
+        typer.echo(f"{r['num_modules']} modules, {r['num_gpus']} GPUs, sm_step {step}: search "
+                   f"{r['search_time_s']:.3f} s (max {r['max_search_time_s']:.3f}), optimality "
+                   f"{r['optimality_ratio']:.4f} median, {r['worst_optimality_ratio']:.4f} worst "
+                   f"(vs {', '.join(r['reference'])}); GAHC cached {r['gahc_cached_time_s']:.2f} s "
+                   f"ratio {r['gahc_cached_optimality_ratio']:.3f}")
 
 
 def main() -> None:

@@ -270,10 +270,19 @@ def _build(config: TrainConfig, model: TrainableModel, graph: MMGraph, plan: Pla
                                               timeline=config.timeline),
                         device=d.device)
     params = runner.parameters()
-    optimizer = (OPTIMIZERS[config.optimizer](params, lr=config.lr,
-                                              weight_decay=config.weight_decay)
+    optimizer = (make_optimizer(config.optimizer, params, config.lr, config.weight_decay)
                  if params else None)  # a GPU may hold no module at all
     return pool, runner, optimizer, comm
+
+
+def make_optimizer(name: str, params: list[nn.Parameter], lr: float,
+                   weight_decay: float = 0.0) -> torch.optim.Optimizer:
+    """AdamW is fused on CUDA: the default multi-tensor AdamW measured about 100 bytes of
+    memory traffic per parameter on the H200 (10 ms a step for qwen3-vl small), fused about 28."""
+    kwargs = {"lr": lr, "weight_decay": weight_decay}
+    if name == "adamw" and params and params[0].is_cuda:
+        kwargs["fused"] = True
+    return OPTIMIZERS[name](params, **kwargs)
 
 
 def _loop(config: TrainConfig, model: TrainableModel, graph: MMGraph, runner: PlanRunner,
