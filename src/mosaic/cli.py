@@ -177,8 +177,14 @@ def train(
         f"gpus={summary['num_gpus']}: loss {summary['first_loss']:.4f} -> {summary['final_loss']:.4f}, "
         f"step {summary['step_time_median_s'] * 1e3:.1f} ms median "
         f"(p90 {summary['step_time_p90_s'] * 1e3:.1f}), {summary['samples_per_s']:.1f} samples/s, "
-        f"quotas {'enforced' if summary['pool'].get('enforced') else 'not enforced'}"
+        f"SM quotas: {_quota_state(result.plan, summary['pool'])}"
     )
+
+
+def _quota_state(plan, pool: dict) -> str:
+    if not any(s.sharing in ("partition", "cap") for s in plan.stages):
+        return "none in this plan"
+    return "enforced (green contexts)" if pool.get("enforced") else f"NOT enforced ({pool.get('backend')})"
 
 
 @app.command()
