@@ -91,7 +91,6 @@ def plan(
     """Plan MODEL on GPUS with every planner; compare predicted iteration times."""
     from mosaic.hardware import make_cluster
     from mosaic.planners import plan_all
-    from mosaic.report.plans import plans_summary, write_plan_artifacts
 
     cluster = make_cluster(gpus, hardware)
     graph = load_graph(model, preset, batch)
@@ -99,13 +98,19 @@ def plan(
     names = [n.strip() for n in planners.split(",") if n.strip()]
     plans = plan_all(graph, cluster, perf, names)
     out = out or Path("runs") / f"plan-{graph.name}-{gpus}"
+    _emit_plans(plans, graph, perf, out, hardware, as_json)
+
+
+def _emit_plans(plans, graph, perf, out: Path, hardware: str, as_json: bool) -> None:
+    """Plan JSON, Gantt PNG and trace per plan into `out`; the summary as a table or JSON."""
+    from mosaic.report.plans import plans_summary, write_plan_artifacts
+    from mosaic.report.tables import print_plan_table
+
     files = write_plan_artifacts(plans, graph, perf, out)
     summary = plans_summary(plans, graph, perf, files, hardware=hardware)
     if as_json:
         typer.echo(json.dumps(summary, indent=2))
     else:
-        from mosaic.report.tables import print_plan_table
-
         print_plan_table(summary)
 
 
@@ -123,7 +128,6 @@ def simulate(
     """Validate a plan and predict its iteration time on any cluster size."""
     from mosaic.hardware import make_cluster
     from mosaic.plan import Plan
-    from mosaic.report.plans import plans_summary, write_plan_artifacts
 
     plan_obj = Plan.load(plan_file)
     cluster = make_cluster(plan_obj.num_gpus, hardware)
@@ -131,14 +135,7 @@ def simulate(
     perf = load_perf_model(perf_model, cluster, preset)
     predicted = perf.predict(plan_obj.validate(graph, cluster), graph)
     out = out or Path("runs") / f"simulate-{graph.name}-{plan_obj.num_gpus}"
-    files = write_plan_artifacts([predicted], graph, perf, out)
-    summary = plans_summary([predicted], graph, perf, files, hardware=hardware)
-    if as_json:
-        typer.echo(json.dumps(summary, indent=2))
-    else:
-        from mosaic.report.tables import print_plan_table
-
-        print_plan_table(summary)
+    _emit_plans([predicted], graph, perf, out, hardware, as_json)
 
 
 @app.command()
