@@ -11,6 +11,7 @@ import json
 import math
 import zlib
 from collections.abc import Iterable
+from dataclasses import replace
 
 import pytest
 import torch
@@ -236,6 +237,24 @@ def test_one_gpu_equals_reference_loop(toy, sharing):
                                    optimizer=optimizer), model=model)
         want = reference_state(model, "tiny", 3, 1e-2, optimizer=optimizer)
         assert_state_close(state_of(result.modules), want)
+
+
+@pytest.mark.parametrize("sharing", ["temporal", "free"])
+def test_micro_batch_overlap_equals_reference_loop(sharing):
+    """Two micro-batches with gradient accumulation make the same update as the whole batch."""
+    model = ToyModel("toyvlm")
+    plan = replace(one_gpu_plans(model.graph("tiny"))[sharing], micro_batches=2)
+    result = train(TrainConfig(device="cpu", model="toyvlm", plan=plan, steps=3, warmup_steps=0,
+                               lr=1e-2, optimizer="sgd"), model=model)
+    assert_state_close(state_of(result.modules), reference_state(model, "tiny", 3, 1e-2))
+
+
+def test_micro_batches_refuse_a_contrastive_head():
+    model = ToyModel("toyclip")
+    plan = replace(one_gpu_plans(model.graph("tiny"))["free"], micro_batches=2)
+    with pytest.raises(EngineError, match="whole batch"):
+        train(TrainConfig(device="cpu", model="toyclip", plan=plan, steps=1, warmup_steps=0),
+              model=model)
 
 
 ZOO_MODELS = ["clip", "imagebind", "qwen3-vl", "ofasys"]

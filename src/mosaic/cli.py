@@ -217,7 +217,7 @@ def bench(
     if plans_dir is None:
         plans = {p.planner: p for p in plan_all(graph, cluster, perf, names)}
     else:
-        plans = load_plans(plans_dir, names, graph, cluster)
+        plans = {k: perf.predict(p, graph) for k, p in load_plans(plans_dir, names, graph, cluster).items()}
     config = BenchConfig(rounds=rounds, steps_per_round=steps_per_round, warmup_steps=warmup,
                          graphs=graphs)
     measurements = measure_plans(zoo_model, preset, graph, plans, cluster.gpu, config)

@@ -68,6 +68,10 @@ class Plan:
     stages: tuple[Stage, ...]
     predicted_iteration_s: float | None = None
     perf_model: str = ""
+    micro_batches: int = 1
+    """Split the batch into this many micro-batches (gradients accumulate: the same update as
+    one batch) so the last stage of micro-batch k overlaps the earlier stages of k+1 — the LLM
+    runs while the next micro-batch's encoders do. One GPU only, for now."""
     meta: dict[str, Any] = field(default_factory=dict)
 
     def placement(self, module: str) -> Placement:
@@ -123,6 +127,7 @@ class Plan:
                 stages=stages,
                 predicted_iteration_s=d.get("predicted_iteration_s"),
                 perf_model=str(d.get("perf_model", "")),
+                micro_batches=int(d.get("micro_batches", 1)),
                 meta=dict(d.get("meta", {})),
             )
         except KeyError as exc:
@@ -170,7 +175,19 @@ def validate_plan(plan: Plan, graph: MMGraph, cluster: ClusterSpec) -> None:
     for index, stage in enumerate(plan.stages):
         _check_stage(index, stage, graph, cluster)
     _check_dag_order(plan, graph)
+    _check_micro_batches(plan, graph)
     _check_memory(plan, graph, cluster)
+
+
+def _check_micro_batches(plan: Plan, graph: MMGraph) -> None:
+    m = plan.micro_batches
+    if m == 1:
+        return
+    if m < 1 or graph.global_batch % m:
+        raise PlanError(f"micro_batches={m} must be >= 1 and divide global_batch {graph.global_batch}")
+    if plan.num_gpus != 1 or len(plan.stages) < 2:
+        raise PlanError(f"micro_batches={m} overlaps the last stage with the earlier ones on one "
+                        "GPU: it needs num_gpus=1 and at least two stages; use micro_batches=1")
 
 
 def _check_each_module_once(plan: Plan, graph: MMGraph) -> None:

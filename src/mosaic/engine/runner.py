@@ -65,6 +65,10 @@ class _StepState:
     shares: list[torch.Tensor] = field(default_factory=list)
     done: dict[str, Any] = field(default_factory=dict)
     keep: list[torch.Tensor] = field(default_factory=list)
+    micro: int = 0
+    """Micro-batch index (selects the module's graphed callable for this micro-batch)."""
+    fraction: float = 1.0
+    """This micro-batch's share of the batch: the loss is scaled by it (gradient accumulation)."""
 
 
 class _Autocast(nn.Module):
@@ -111,8 +115,14 @@ class PlanRunner:
                 raise EngineError(f"module {m!r} needs the global batch but feeds "
                                   f"{graph.successors(m)}; only a sink (the loss) may need it")
         amp = self.cuda if self.config.amp is None else self.config.amp
-        self._callables: dict[str, Any] = {m: _Autocast(self.modules[m], amp) for m in self.local}
+        self.micro_batches = plan.micro_batches
+        self._check_micro_batches()
+        # One callable per micro-batch: a graphed callable's forward and backward must
+        # alternate, and micro-batch k+1's forward runs before k's backward.
+        self._callables: dict[str, list[Any]] = {
+            m: [_Autocast(self.modules[m], amp)] * self.micro_batches for m in self.local}
         self._main = torch.cuda.current_stream(self.device) if self.cuda else None
+        self._stage_streams = self._pipeline_streams()
         self._streams = {m: self._stream_for(m, pool) for m in self.local}
         routes = routes_for(plan, graph)
         self._routes_into = [[r for r in routes if plan.stage_of(r.dst) == t]
@@ -124,11 +134,36 @@ class PlanRunner:
         """Switchable per step: a benchmark records one step's timeline after timing the rest."""
 
     # --- set-up helpers ------------------------------------------------------------------
+    def _check_micro_batches(self) -> None:
+        if self.micro_batches == 1:
+            return
+        if self.comm.world_size != 1:
+            raise EngineError(f"micro_batches={self.micro_batches} runs on one GPU (world size 1), "
+                              f"not {self.comm.world_size}; use micro_batches=1")
+        heads = [m for m, needs in self.global_batch.items() if needs]
+        if heads:
+            raise EngineError(f"micro_batches={self.micro_batches}: {heads} need the whole batch "
+                              "(contrastive loss), so the batch cannot be split; use 1")
+
+    def _pipeline_streams(self) -> dict[int, Any]:
+        """Micro-batch overlap needs the temporal stages off the main stream: one side stream
+        per temporal stage (made now, at start-up), the last stage's at high priority since it
+        is the critical path the earlier stages fill around."""
+        if not self.cuda or self.micro_batches == 1:
+            return {}
+        last = len(self.plan.stages) - 1
+        high = min(torch.cuda.Stream.priority_range())
+        return {t: torch.cuda.Stream(self.device, priority=high if t == last else 0)
+                for t, stage in enumerate(self.plan.stages) if stage.sharing == "temporal"}
+
     def _stream_for(self, module: str, pool: Any) -> Any:
         if not self.cuda:
             return None
         placement = self.plan.placement(module)
-        if self.plan.stages[self.plan.stage_of(module)].sharing == "temporal":
+        stage = self.plan.stage_of(module)
+        if stage in self._stage_streams:
+            return self._stage_streams[stage]
+        if self.plan.stages[stage].sharing == "temporal":
             return self._main
         if pool is not None:
             return pool.stream(module)
@@ -159,6 +194,8 @@ class PlanRunner:
     def step(self, data: dict[str, tuple[torch.Tensor, ...]]) -> StepOutput:
         """Forward and backward of every local module, gradients all-reduced. `data` comes
         from `local_batch`. The optimizer step is the caller's (on the same stream)."""
+        if self.micro_batches > 1:
+            return self._pipelined_step(data)
         st = _StepState()
         out = StepOutput(loss=torch.zeros((), device=self.device), start=self.timer.mark(self._main))
         with self._on(self._main):
@@ -169,6 +206,31 @@ class PlanRunner:
             self._main_waits(st, set(st.done))  # join: see "Streams" in the module doc
             if st.shares:
                 out.loss = torch.stack([s.float() for s in st.shares]).sum()
+        return out
+
+    def _pipelined_step(self, data: dict[str, tuple[torch.Tensor, ...]]) -> StepOutput:
+        """Micro-batches with the last stage of k overlapping the earlier stages of k+1:
+        E_f(0) | E_f(1) + L(0) | E_b(0) + L(1) | E_b(1) ... in enqueue order. The main stream
+        waits only for the micro-batch it hands over, so the other one's work runs on."""
+        n, last = self.micro_batches, len(self.plan.stages) - 1
+        chunks = [{m: tuple(x.chunk(n)[k] for x in xs) for m, xs in data.items()} for k in range(n)]
+        sts = [_StepState(micro=k, fraction=1.0 / n) for k in range(n)]
+        out = StepOutput(loss=torch.zeros((), device=self.device), start=self.timer.mark(self._main))
+        with self._on(self._main):
+            for t in range(last):
+                self._forward_stage(t, chunks[0], sts[0], out)
+            for k in range(n):
+                if k + 1 < n:
+                    for t in range(last):
+                        self._forward_stage(t, chunks[k + 1], sts[k + 1], out)
+                self._forward_stage(last, chunks[k], sts[k], out)
+                for t in reversed(range(last + 1)):
+                    self._backward_stage(t, sts[k], out, join=False)
+            for st in sts:
+                self._main_waits(st, set(st.done))
+            shares = [s.float() for st in sts for s in st.shares]
+            if shares:
+                out.loss = torch.stack(shares).sum()
         return out
 
     def _forward_stage(self, t: int, data: dict, st: _StepState, out: StepOutput) -> None:
@@ -205,7 +267,7 @@ class PlanRunner:
         args = (*own, *preds)
         if self.config.graphs and not self.graphed:
             self._record_samples(m, args)
-        result = self._callables[m](*args)
+        result = self._callables[m][st.micro](*args)
         if self.graph.successors(m):
             if not isinstance(result, torch.Tensor):
                 raise EngineError(f"module {m!r} returned {type(result).__name__}; a module "
@@ -221,10 +283,10 @@ class PlanRunner:
             st.shares.append(result.detach() / dp)
         else:
             start, stop = self._sample_range(m)
-            st.losses[m] = result * ((stop - start) / self.graph.global_batch)
+            st.losses[m] = result * ((stop - start) / self.graph.global_batch * st.fraction)
             st.shares.append(st.losses[m].detach())
 
-    def _backward_stage(self, t: int, st: _StepState, out: StepOutput) -> None:
+    def _backward_stage(self, t: int, st: _StepState, out: StepOutput, join: bool = True) -> None:
         ready = self._record(self._main)
         for m in reversed(self.stage_modules[t]):
             stream = self._streams[m]
@@ -238,6 +300,8 @@ class PlanRunner:
                 st.done[m] = self._record(stream)
                 self._add_mark(out, m, t, "bwd", start, stream)
         routes = self._routes_into[t]
+        if not join and not routes:  # one GPU, nothing flows back: let it run on (overlap)
+            return
         self._main_waits(st, set(self.stage_modules[t]))
         self.comm.backward(routes, st.inputs, st.outputs, st.grads)
         for m in self.stage_modules[t]:
@@ -301,8 +365,9 @@ class PlanRunner:
                 # (capture is illegal there) and has no quota: capture them on a side stream.
                 stream = self._streams[m]
                 torch.cuda.graph.default_capture_stream = side if stream is self._main else stream
-                self._callables[m] = torch.cuda.make_graphed_callables(
-                    self._callables[m], self._samples[m], allow_unused_input=True)
+                self._callables[m] = [
+                    torch.cuda.make_graphed_callables(eager, self._samples[m], allow_unused_input=True)
+                    for eager in self._callables[m]]
         finally:
             torch.cuda.graph.default_capture_stream = saved
         torch.cuda.synchronize(self.device)

@@ -74,18 +74,19 @@ class PerfModel(ABC):
         return self.cluster.collective_latency_s + num_bytes / (lanes * bandwidth)
 
     # --- composition ---------------------------------------------------------------------------
-    def stage_works(self, stage: Stage, graph: MMGraph) -> dict[int, list[Work]]:
+    def stage_works(self, stage: Stage, graph: MMGraph, batch: int | None = None) -> dict[int, list[Work]]:
+        """Each GPU's works in the stage; `batch` overrides the global batch (a micro-batch)."""
         by_gpu: dict[int, list[Work]] = {}
         for p in stage.placements:
             m = graph.module(p.module)
-            work = Work(m, graph.global_batch // p.dp_degree, p.sm_share, p.priority)
+            work = Work(m, (batch or graph.global_batch) // p.dp_degree, p.sm_share, p.priority)
             for g in p.gpus:
                 by_gpu.setdefault(g, []).append(work)
         return by_gpu
 
-    def stage_compute_s(self, stage: Stage, graph: MMGraph) -> float:
+    def stage_compute_s(self, stage: Stage, graph: MMGraph, batch: int | None = None) -> float:
         """Slowest GPU of the stage: its colocated group's time."""
-        groups = self.stage_works(stage, graph)
+        groups = self.stage_works(stage, graph, batch)
         return max(self.colocated_time_s(works, stage.sharing) for works in groups.values())
 
     def stage_allreduce_s(self, stage: Stage, graph: MMGraph) -> float:
@@ -123,8 +124,24 @@ class PerfModel(ABC):
     def iteration_time_s(self, plan: Plan, graph: MMGraph) -> float:
         """T_iteration = sum over stages of T_stage (+ activation transfers between GPU sets,
         + the optimizer step where the module times leave it out)."""
-        stages_s = sum(self.stage_time_s(s, graph) for s in plan.stages)
+        if plan.micro_batches > 1:
+            stages_s = self.pipelined_s(plan, graph)
+        else:
+            stages_s = sum(self.stage_time_s(s, graph) for s in plan.stages)
         return stages_s + self.transfers_s(plan, graph) + self.optimizer_s(plan, graph)
+
+    def pipelined_s(self, plan: Plan, graph: MMGraph) -> float:
+        """One GPU, n micro-batches, the last stage L of micro-batch k running beside the
+        earlier stages E of k+1 (forward) and of k-1 (backward): of the n (E + L) of a
+        sequential run, n - 1 pairs overlap and take the time of E and L sharing the GPU
+        freely: (E + L) + (n - 1) * T(E || L), all at the micro-batch size."""
+        n, micro = plan.micro_batches, graph.global_batch // plan.micro_batches
+        *early, last = plan.stages
+        e_s = sum(self.stage_compute_s(s, graph, micro) for s in early)
+        l_s = self.stage_compute_s(last, graph, micro)
+        works = [w for s in plan.stages for ws in self.stage_works(s, graph, micro).values() for w in ws]
+        pair_s = max(self.colocated_time_s(works, "free"), e_s, l_s)
+        return e_s + l_s + (n - 1) * min(pair_s, e_s + l_s)
 
     def gpu_utilisation(self, plan: Plan, graph: MMGraph) -> float:
         """Busy SM-seconds over available SM-seconds in one iteration (0..1).

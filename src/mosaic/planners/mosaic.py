@@ -25,7 +25,7 @@ import math
 import random
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import product
 
 from mosaic.graph import MMGraph
@@ -108,7 +108,23 @@ def plan_mosaic(graph: MMGraph, cluster: ClusterSpec, perf: PerfModel,
             "sm_step": config.sm_step, "min_gain": config.min_gain}
     chosen = finish(Plan(model=plan.model, planner="mosaic", num_gpus=plan.num_gpus,
                          stages=plan.stages, perf_model=plan.perf_model, meta=meta), space)
+    chosen = with_micro_batch_overlap(chosen, graph, cluster, perf, config.min_gain)
     return never_slower_than_baselines(chosen, graph, cluster, perf, config.min_gain)
+
+
+def with_micro_batch_overlap(plan: Plan, graph: MMGraph, cluster: ClusterSpec, perf: PerfModel,
+                             min_gain: float) -> Plan:
+    """On one GPU, try two micro-batches (the LLM beside the next micro-batch's encoders);
+    keep them only if predicted faster by min_gain. Contrastive heads (kind 'head') need the
+    whole batch, so only LLM sinks qualify."""
+    eligible = (cluster.num_gpus == 1 and len(plan.stages) > 1 and graph.global_batch % 2 == 0
+                and all(graph.module(s).kind == "llm" for s in graph.sinks))
+    if not eligible:
+        return plan
+    overlapped = perf.predict(replace(plan, micro_batches=2).validate(graph, cluster), graph)
+    if overlapped.predicted_iteration_s < plan.predicted_iteration_s * (1 - min_gain):
+        return overlapped
+    return plan
 
 
 def never_slower_than_baselines(chosen: Plan, graph: MMGraph, cluster: ClusterSpec,
