@@ -118,9 +118,11 @@ class PlanRunner:
         self.micro_batches = plan.micro_batches
         self._check_micro_batches()
         # One callable per micro-batch: a graphed callable's forward and backward must
-        # alternate, and micro-batch k+1's forward runs before k's backward.
+        # alternate, and micro-batch k+1's forward runs before k's backward. Distinct wrapper
+        # objects: make_graphed_callables replaces an nn.Module's forward in place.
         self._callables: dict[str, list[Any]] = {
-            m: [_Autocast(self.modules[m], amp)] * self.micro_batches for m in self.local}
+            m: [_Autocast(self.modules[m], amp) for _ in range(self.micro_batches)]
+            for m in self.local}
         self._main = torch.cuda.current_stream(self.device) if self.cuda else None
         self._stage_streams = self._pipeline_streams()
         self._streams = {m: self._stream_for(m, pool) for m in self.local}
