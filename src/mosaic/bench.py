@@ -6,13 +6,15 @@ interleaved in rounds whose order rotates, so clock or thermal drift cannot favo
 timing, every plan's loss at identical weights must equal the first plan's (eagerly, and again
 after CUDA-graph capture): a plan that computes something else is not measured.
 
-Single process (one GPU, or the CPU for a logic check). Multi-GPU plans go through torchrun and
-`mosaic train`; this loop is the place to extend once a multi-GPU machine is lent.
+One process per GPU: run under `torchrun --nproc-per-node N` for N-GPU plans (gloo on CPU for a
+logic check, NCCL on GPUs). Each rank builds the modules any plan places on it; a step's time
+is the slowest rank's, and the loss is summed over ranks, outside the timed region.
 """
 
 from __future__ import annotations
 
 import datetime
+import json
 import math
 import sys
 import threading
@@ -23,11 +25,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from mosaic.engine.comm import PlanComm
+from mosaic.engine.comm import PlanComm, broadcast_bytes
 from mosaic.engine.green import SMPartitionPool, requests_for_plan
 from mosaic.engine.runner import PlanRunner, RunnerConfig
 from mosaic.engine.timer import Timer
-from mosaic.engine.trainer import build_modules, make_batch, make_optimizer
+from mosaic.engine.trainer import Dist, build_modules, make_batch, make_optimizer, start_distributed
 from mosaic.graph import MMGraph
 from mosaic.hardware import GPUSpec
 from mosaic.plan import Plan
@@ -84,54 +86,61 @@ class PlanMeasurement:
 
 @dataclass(slots=True)
 class _Setup:
-    device: torch.device
+    dist: Dist
     runners: dict[str, PlanRunner]
+    comms: dict[str, PlanComm]
     pools: dict[str, SMPartitionPool]
-    optimizer: torch.optim.Optimizer
+    optimizer: torch.optim.Optimizer | None
     params: list[torch.nn.Parameter]
-    data: dict[str, tuple[torch.Tensor, ...]]
+    data: dict[str, dict[str, tuple[torch.Tensor, ...]]]
+    """Per plan: this rank's samples (they depend on the placement)."""
     timer: Timer
 
-
-def _device() -> torch.device:
-    if torch.cuda.is_available():
-        torch.cuda.set_device(0)
-        return torch.device("cuda", 0)
-    return torch.device("cpu")
+    @property
+    def device(self) -> torch.device:
+        return self.dist.device
 
 
 def _setup(model, preset: str, graph: MMGraph, plans: dict[str, Plan], gpu: GPUSpec,
            config: BenchConfig) -> _Setup:
+    d = start_distributed(None)
     for label, plan in plans.items():
-        if plan.num_gpus != 1:
-            raise BenchError(f"plan {label!r} uses {plan.num_gpus} GPUs; this benchmark runs one "
-                             "process: plan for --gpus 1 (multi-GPU: torchrun -m mosaic train)")
-    device = _device()
-    graphs = config.graphs and device.type == "cuda"
-    modules = build_modules(model, preset, graph.names, config.seed, device)
+        if plan.num_gpus != d.world_size:
+            raise BenchError(f"plan {label!r} uses {plan.num_gpus} GPUs but {d.world_size} "
+                             f"process(es) run: launch `torchrun --standalone --nproc-per-node "
+                             f"{plan.num_gpus} -m mosaic bench ...`")
+    graphs = config.graphs and d.device.type == "cuda"
+    local = sorted({p.module for plan in plans.values() for s in plan.stages
+                    for p in s.placements if d.rank in p.gpus})
+    modules = build_modules(model, preset, local, config.seed, d.device)
     params = [p for m in modules.values() for p in m.parameters()]
-    pools, runners = {}, {}
+    pools, runners, comms, data = {}, {}, {}, {}
+    batch = make_batch(model, preset, graph.global_batch, config.seed, 0)
     for label, plan in plans.items():
-        pools[label] = SMPartitionPool.create(requests_for_plan(plan, 0, gpu),
-                                              0 if device.type == "cuda" else None, gpu)
-        runners[label] = PlanRunner(plan=plan, graph=graph, modules=modules,
-                                    comm=PlanComm.create(plan, device), pool=pools[label],
-                                    config=RunnerConfig(graphs=graphs), device=device)
-    data = next(iter(runners.values())).local_batch(
-        make_batch(model, preset, graph.global_batch, config.seed, 0))
-    optimizer = make_optimizer("adamw", params, config.lr)
-    return _Setup(device, runners, pools, optimizer, params, data, Timer(device))
+        pools[label] = SMPartitionPool.create(requests_for_plan(plan, d.rank, gpu),
+                                              d.device.index if d.device.type == "cuda" else None, gpu)
+        comms[label] = PlanComm.create(plan, d.device)
+        runners[label] = PlanRunner(plan=plan, graph=graph, modules=modules, comm=comms[label],
+                                    pool=pools[label], config=RunnerConfig(graphs=graphs),
+                                    device=d.device)
+        data[label] = runners[label].local_batch(batch)
+    optimizer = make_optimizer("adamw", params, config.lr) if params else None
+    return _Setup(d, runners, comms, pools, optimizer, params, data, Timer(d.device))
+
+
+def _zero_grads(s: _Setup) -> None:
+    for p in s.params:
+        p.grad = None
 
 
 def _losses(s: _Setup) -> dict[str, float]:
-    """Every plan's loss at the current (identical) weights; no optimizer step."""
+    """Every plan's loss at the current (identical) weights, summed over ranks; no update."""
     losses = {}
     for label, runner in s.runners.items():
-        for p in s.params:
-            p.grad = None
-        losses[label] = float(runner.step(s.data).loss.item())
-    for p in s.params:
-        p.grad = None
+        _zero_grads(s)
+        local = float(runner.step(s.data[label]).loss.item())
+        (losses[label],) = s.comms[label].all_reduce_scalars([local], "sum")
+    _zero_grads(s)
     return losses
 
 
@@ -144,14 +153,17 @@ def _check_losses(when: str, losses: dict[str, float]) -> None:
 
 
 def _one_step(s: _Setup, label: str) -> float:
-    s.optimizer.zero_grad(set_to_none=True)
+    """Seconds of one training step on the slowest rank."""
+    _zero_grads(s)
     start = s.timer.mark()
-    out = s.runners[label].step(s.data)
-    s.optimizer.step()
+    out = s.runners[label].step(s.data[label])
+    if s.optimizer is not None:
+        s.optimizer.step()
     seconds = s.timer.seconds(start, s.timer.mark())
     if not math.isfinite(out.loss.item()):
         raise BenchError(f"plan {label!r}: loss became non-finite; lower --lr")
-    return seconds
+    (slowest,) = s.comms[label].all_reduce_scalars([seconds], "max")
+    return slowest
 
 
 def _timed_rounds(s: _Setup, config: BenchConfig) -> dict[str, list[float]]:
@@ -167,19 +179,27 @@ def _timed_rounds(s: _Setup, config: BenchConfig) -> dict[str, list[float]]:
 
 
 def _timeline(s: _Setup, label: str) -> list[dict[str, Any]]:
+    """One step's module timeline, every rank's events gathered (in memory only)."""
     runner = s.runners[label]
     runner.record_timeline = True
     try:
-        s.optimizer.zero_grad(set_to_none=True)
-        out = runner.step(s.data)
-        s.optimizer.step()
-        return runner.timeline(out)
+        _zero_grads(s)
+        out = runner.step(s.data[label])
+        if s.optimizer is not None:
+            s.optimizer.step()
+        events = runner.timeline(out)
     finally:
         runner.record_timeline = False
+    if s.dist.world_size > 1:
+        gathered: list[Any] = [None] * s.dist.world_size
+        torch.distributed.all_gather_object(gathered, events)
+        events = [e for part in gathered for e in part]
+    return events
 
 
 def _nvml_util(s: _Setup, label: str, seconds: float) -> float | None:
-    """Mean NVML GPU utilisation while only this plan runs (per device, not per SM)."""
+    """Mean NVML GPU utilisation over the GPUs while only this plan runs (per device, not per
+    SM). Every rank runs the same number of steps, so collectives stay matched."""
     if s.device.type != "cuda" or seconds <= 0:
         return None
     try:
@@ -199,13 +219,15 @@ def _nvml_util(s: _Setup, label: str, seconds: float) -> float | None:
 
     thread = threading.Thread(target=sample, daemon=True)
     thread.start()
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end:
+    steps = max(1, round(seconds / max(1e-4, _one_step(s, label))))
+    for _ in range(steps):
         _one_step(s, label)
     stop.set()
     thread.join()
     pynvml.nvmlShutdown()
-    return float(np.mean(samples)) / 100 if samples else None
+    mean = float(np.mean(samples)) / 100 if samples else 0.0
+    (total,) = s.comms[label].all_reduce_scalars([mean], "sum")
+    return total / s.dist.world_size
 
 
 def measure_plans(model, preset: str, graph: MMGraph, plans: dict[str, Plan], gpu: GPUSpec,
@@ -230,6 +252,8 @@ def measure_plans(model, preset: str, graph: MMGraph, plans: dict[str, Plan], gp
     finally:
         for pool in s.pools.values():
             pool.close()
+        if s.dist.owns_group:
+            torch.distributed.destroy_process_group()
 
 
 def environment(device_name: str | None = None) -> dict[str, Any]:
@@ -245,6 +269,15 @@ def environment(device_name: str | None = None) -> dict[str, Any]:
 
 
 BASELINES = ("megatron", "distmm", "spindle")
+
+
+def same_plans_everywhere(plans: dict[str, Plan], d: Dist) -> dict[str, Plan]:
+    """Rank 0's plans on every rank: a planner with a time limit need not be deterministic."""
+    if d.world_size == 1:
+        return plans
+    payload = json.dumps({k: p.to_dict() for k, p in plans.items()}).encode() if d.rank == 0 else None
+    received = json.loads(broadcast_bytes(payload, d.device))
+    return {k: Plan.from_dict(v) for k, v in received.items()}
 
 
 def bench_report(graph: MMGraph, measurements: list[PlanMeasurement], gpu: GPUSpec,

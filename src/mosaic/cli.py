@@ -203,7 +203,10 @@ def bench(
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     """Plan MODEL with every planner and train each plan in one run: measured vs predicted."""
-    from mosaic.bench import BenchConfig, bench_report, measure_plans
+    import torch
+
+    from mosaic.bench import BenchConfig, bench_report, measure_plans, same_plans_everywhere
+    from mosaic.engine.trainer import start_distributed
     from mosaic.hardware import make_cluster
     from mosaic.planners import plan_all
     from mosaic.report.bench import print_bench_table, write_bench_artifacts
@@ -220,7 +223,15 @@ def bench(
         plans = {k: perf.predict(p, graph) for k, p in load_plans(plans_dir, names, graph, cluster).items()}
     config = BenchConfig(rounds=rounds, steps_per_round=steps_per_round, warmup_steps=warmup,
                          graphs=graphs)
-    measurements = measure_plans(zoo_model, preset, graph, plans, cluster.gpu, config)
+    d = start_distributed(None)
+    plans = same_plans_everywhere(plans, d)
+    try:
+        measurements = measure_plans(zoo_model, preset, graph, plans, cluster.gpu, config)
+    finally:
+        if d.owns_group:
+            torch.distributed.destroy_process_group()
+    if d.rank != 0:
+        return
     report = bench_report(graph, measurements, cluster.gpu, preset)
     report["perf_model"] = perf.describe()
     out = out or Path("runs") / f"bench-{graph.name}-{preset}-{gpus}"

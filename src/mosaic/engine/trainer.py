@@ -147,14 +147,14 @@ def make_batch(model: TrainableModel, preset: str, global_batch: int, seed: int,
 
 # --- set-up --------------------------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
-class _Dist:
+class Dist:
     rank: int
     world_size: int
     device: torch.device
     owns_group: bool
 
 
-def _start_distributed(device: str | None) -> _Dist:
+def start_distributed(device: str | None) -> Dist:
     """Join torchrun's world (env://) or run as a one-process world."""
     cuda = torch.cuda.is_available() and device != "cpu"
     if device == "cuda" and not cuda:
@@ -177,7 +177,7 @@ def _start_distributed(device: str | None) -> _Dist:
         else:
             dist.init_process_group("gloo", init_method="env://")
         owns = True
-    return _Dist(rank=rank, world_size=world, device=device, owns_group=owns)
+    return Dist(rank=rank, world_size=world, device=device, owns_group=owns)
 
 
 def _make_plan(config: TrainConfig, graph: MMGraph, world_size: int) -> Plan:
@@ -192,7 +192,7 @@ def _make_plan(config: TrainConfig, graph: MMGraph, world_size: int) -> Plan:
     return get_planner(config.planner)(graph, cluster, make_perf_model(config.perf_model, cluster))
 
 
-def _agree_on_plan(config: TrainConfig, graph: MMGraph, d: _Dist) -> Plan:
+def _agree_on_plan(config: TrainConfig, graph: MMGraph, d: Dist) -> Plan:
     """Rank 0 makes (or reads) the plan, every rank gets its JSON: a planner need not be
     deterministic. A failure on rank 0 is sent instead, so every rank raises the same error."""
     payload = None
@@ -208,7 +208,7 @@ def _agree_on_plan(config: TrainConfig, graph: MMGraph, d: _Dist) -> Plan:
     return Plan.from_dict(message["plan"])
 
 
-def _check_memory(plan: Plan, graph: MMGraph, d: _Dist) -> None:
+def _check_memory(plan: Plan, graph: MMGraph, d: Dist) -> None:
     """The plan's per-GPU estimate against each GPU's free memory, checked identically on all
     ranks (free memory is shared first), so all fail together or none does."""
     if d.device.type != "cuda":
@@ -229,7 +229,7 @@ def _check_memory(plan: Plan, graph: MMGraph, d: _Dist) -> None:
 def train(config: TrainConfig, model: TrainableModel | None = None) -> TrainResult:
     """Train `config.model` (or `model`, any TrainableModel) with the configured plan."""
     t_setup = time.perf_counter()
-    d = _start_distributed(config.device)
+    d = start_distributed(config.device)
     pool = None
     try:
         if model is None:
@@ -256,7 +256,7 @@ def train(config: TrainConfig, model: TrainableModel | None = None) -> TrainResu
             dist.destroy_process_group()
 
 
-def _build(config: TrainConfig, model: TrainableModel, graph: MMGraph, plan: Plan, d: _Dist):
+def _build(config: TrainConfig, model: TrainableModel, graph: MMGraph, plan: Plan, d: Dist):
     from mosaic.engine.green import SMPartitionPool, requests_for_plan
 
     gpu = make_cluster(plan.num_gpus, config.hardware).gpu
@@ -286,7 +286,7 @@ def make_optimizer(name: str, params: list[nn.Parameter], lr: float,
 
 
 def _loop(config: TrainConfig, model: TrainableModel, graph: MMGraph, runner: PlanRunner,
-          optimizer: torch.optim.Optimizer | None, comm: PlanComm, d: _Dist):
+          optimizer: torch.optim.Optimizer | None, comm: PlanComm, d: Dist):
     timer = Timer(d.device)
     steps: list[dict[str, Any]] = []
     timeline: list[dict[str, Any]] = []
@@ -320,7 +320,7 @@ def _loop(config: TrainConfig, model: TrainableModel, graph: MMGraph, runner: Pl
     return steps, timeline
 
 
-def _step_metrics(step: int, config: TrainConfig, graph: MMGraph, comm: PlanComm, d: _Dist,
+def _step_metrics(step: int, config: TrainConfig, graph: MMGraph, comm: PlanComm, d: Dist,
                   loss: torch.Tensor, step_time_s: float) -> dict[str, Any]:
     """One metrics line: loss summed over ranks' shares, time and memory of the slowest rank."""
     (total_loss,) = comm.all_reduce_scalars([loss.item()], "sum")
@@ -334,7 +334,7 @@ def _step_metrics(step: int, config: TrainConfig, graph: MMGraph, comm: PlanComm
     return row
 
 
-def _gather_timeline(events: list[dict[str, Any]], d: _Dist) -> list[dict[str, Any]]:
+def _gather_timeline(events: list[dict[str, Any]], d: Dist) -> list[dict[str, Any]]:
     if d.world_size > 1:
         gathered: list[Any] = [None] * d.world_size
         dist.all_gather_object(gathered, events)  # in memory only; nothing pickled to disk
@@ -354,7 +354,7 @@ class _NoBar:
         pass
 
 
-def _progress(config: TrainConfig, d: _Dist):
+def _progress(config: TrainConfig, d: Dist):
     if not (config.progress and d.rank == 0 and sys.stderr.isatty()):
         return contextlib.nullcontext((_NoBar(), None))
     from rich.console import Console
@@ -374,7 +374,7 @@ def _progress(config: TrainConfig, d: _Dist):
 
 
 def _summary(config: TrainConfig, graph: MMGraph, plan: Plan, steps: list[dict[str, Any]],
-             pool: Any, d: _Dist, setup_s: float) -> dict[str, Any]:
+             pool: Any, d: Dist, setup_s: float) -> dict[str, Any]:
     times = np.array([s["step_time_s"] for s in steps if not s["warmup"]])
     median = float(np.median(times))
     return {
