@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from functools import lru_cache
 
 from mosaic.graph import ModuleSpec
-from mosaic.hardware import ClusterSpec
+from mosaic.hardware import ClusterSpec, GPUSpec
 from mosaic.perf.base import PerfModel, Work
 
 MATMUL_EFFICIENCY = 0.45
@@ -32,9 +32,8 @@ CONCURRENCY_OVERHEAD = 0.08
 
 
 @lru_cache(maxsize=65536)
-def _roofline_terms(module: ModuleSpec, per_gpu_batch: int, num_sms: int, cluster_gpu) -> tuple[float, float, float, int]:
+def _roofline_terms(module: ModuleSpec, per_gpu_batch: int, gpu: GPUSpec) -> tuple[float, float, float, int]:
     """(compute_s at full GPU, memory_s at full bandwidth, latency_s, SMs the work can fill)."""
-    gpu = cluster_gpu
     tokens = per_gpu_batch * module.tokens_per_sample
     width = max(module.hidden_dim, TILE)
     tiles = math.ceil(tokens / TILE) * math.ceil(width / TILE) * 2
@@ -60,7 +59,7 @@ class AnalyticModel(PerfModel):
         return f"analytic roofline ({self.gpu.name}: {self.gpu.source})"
 
     def _terms(self, module: ModuleSpec, per_gpu_batch: int) -> tuple[float, float, float, int]:
-        return _roofline_terms(module, per_gpu_batch, self.gpu.num_sms, self.gpu)
+        return _roofline_terms(module, per_gpu_batch, self.gpu)
 
     def _compute_s(self, module: ModuleSpec, per_gpu_batch: int, sms: int) -> float:
         compute_s, _, _, fill_sms = self._terms(module, per_gpu_batch)

@@ -7,7 +7,7 @@ their SM share) and the Chrome trace (opens in Perfetto).
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 from mosaic.graph import MMGraph
@@ -102,7 +102,3 @@ def write_chrome_trace(events: list[TimelineEvent], path: str | Path) -> Path:
     path = Path(path)
     path.write_text(json.dumps(chrome_trace(events)))
     return path
-
-
-def events_to_dicts(events: list[TimelineEvent]) -> list[dict]:
-    return [asdict(e) for e in events]

@@ -34,6 +34,12 @@ Shape = tuple[int, ...]
 _HF_COMMON = {"attn_implementation": "sdpa"}
 
 
+
+def token_ids(vocab_size: int, batch_size: int, seq_len: int, generator: torch.Generator) -> Tensor:
+    """Uniform random token ids, on the generator's device (synthetic data)."""
+    return torch.randint(0, vocab_size, (batch_size, seq_len), generator=generator,
+                         device=generator.device)
+
 @dataclass(frozen=True, kw_only=True)
 class ModuleConfig:
     """Size knobs of one module; subclasses say how to build and feed it."""
@@ -363,15 +369,7 @@ class EmbeddingConfig(ModuleConfig):
         return (self.seq_len,)
 
     def make_inputs(self, batch_size: int, generator: torch.Generator) -> tuple[Tensor, ...]:
-        return (
-            torch.randint(
-                0,
-                self.vocab_size,
-                (batch_size, self.seq_len),
-                generator=generator,
-                device=generator.device,
-            ),
-        )
+        return (token_ids(self.vocab_size, batch_size, self.seq_len, generator),)
 
     def out_shape(self, in_shapes: Sequence[Shape]) -> Shape:
         return (self.seq_len, self.hidden_dim)
@@ -517,15 +515,7 @@ class LLMConfig(TransformerConfig):
         return (self.text_len,)
 
     def make_inputs(self, batch_size: int, generator: torch.Generator) -> tuple[Tensor, ...]:
-        return (
-            torch.randint(
-                0,
-                self.vocab_size,
-                (batch_size, self.text_len),
-                generator=generator,
-                device=generator.device,
-            ),
-        )
+        return (token_ids(self.vocab_size, batch_size, self.text_len, generator),)
 
     def out_shape(self, in_shapes: Sequence[Shape]) -> Shape:
         return ()
