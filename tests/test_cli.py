@@ -93,3 +93,54 @@ def test_simulate_a_hand_written_plan(tmp_path):
                     "--out", str(tmp_path / "sim"))
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["plans"][0]["predicted_iteration_s"] > 0
+
+
+def test_planning_a_zoo_model_imports_no_torch(tmp_path):
+    """The counted costs ship with the package (zoo/data/costs.json): `mosaic plan` on a zoo
+    model needs neither torch nor transformers, which cost seconds to import."""
+    code = ("import sys\nfrom mosaic.cli import main\n"
+            f"try:\n    main(['plan', 'clip', '--gpus', '8', '--out', {str(tmp_path)!r}, '--json'])\n"
+            "except SystemExit as e:\n    assert not e.code, e.code\n"
+            "print([m for m in ('torch', 'transformers') if m in sys.modules], file=sys.stderr)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.strip().splitlines()[-1] == "[]", result.stderr
+    assert json.loads(result.stdout)["plans"]
+
+
+def test_a_failed_write_leaves_no_partial_file(tmp_path, monkeypatch):
+    """Artifacts go to a temporary name and are renamed when whole: a full disk mid-PNG leaves
+    neither a truncated PNG nor the temporary file."""
+    import errno
+
+    from matplotlib.figure import Figure
+
+    from mosaic.cli import main
+
+    def full_disk(self, path, **kwargs):
+        Path(path).write_bytes(b"\x89PNG half")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(Figure, "savefig", full_disk)
+    out = tmp_path / "out"
+    with pytest.raises(OSError, match="No space"):
+        main(["plan", str(_toy_graph(tmp_path)), "--gpus", "2", "--planners", "megatron",
+              "--perf-model", "analytic", "--out", str(out)])
+    assert sorted(p.name for p in out.iterdir()) == ["megatron.json"]  # written whole, before
+
+
+def test_atomic_path_keeps_the_old_file_when_the_writer_fails(tmp_path):
+    from mosaic.files import atomic_path, write_text_atomic
+
+    target = write_text_atomic(tmp_path / "plan.json", "old")
+    with pytest.raises(RuntimeError), atomic_path(target) as tmp:
+        tmp.write_text("half")
+        raise RuntimeError("crash")
+    assert target.read_text() == "old"
+    assert [p.name for p in tmp_path.iterdir()] == ["plan.json"]
+
+
+def _toy_graph(tmp_path):
+    path = tmp_path / "g.json"
+    path.write_text(encoders_and_head(2, batch=8).to_json())
+    return path

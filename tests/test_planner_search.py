@@ -13,12 +13,12 @@ from mosaic.hardware import make_cluster
 from mosaic.perf import AnalyticModel
 from mosaic.plan import PlanError
 from mosaic.planners import PLANNERS
-from mosaic.planners.bench import bench_planner, plot_bench
 from mosaic.planners.common import SearchSpace
 from mosaic.planners.exhaustive import ExhaustiveConfig, _Exhaustive, plan_exhaustive
 from mosaic.planners.gahc import GAHCConfig, run_gahc
 from mosaic.planners.lower import StageSolver, set_partitions, symmetry_classes
 from mosaic.planners.mosaic import MosaicPlannerConfig, UpperSearch, plan_mosaic
+from mosaic.planners.search_bench import bench_planner, plot_bench
 from mosaic.planners.sizing import best_sizes, stage_cost_s
 from mosaic.synthetic import synthetic_graph
 from tests.test_planners import check_plan, random_dag, random_module

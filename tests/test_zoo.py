@@ -188,3 +188,69 @@ def test_paper_flops_near_table_1(name):
             continue  # an embedding lookup does no matmul FLOPs; the table counts something else
         ours = graph.module(module).flops_per_sample * graph.global_batch / 1e12
         assert 0.75 < ours / tflops < 1.25, (module, ours, tflops)
+
+
+# --- the shipped cost table (zoo/data/costs.json) ------------------------------------------
+def _shipped_versions_or_skip():
+    from mosaic.zoo.cost_table import load_table, versions
+
+    shipped = load_table().get("versions")
+    if shipped != versions():
+        pytest.skip(f"costs.json was counted with {shipped}, this is {versions()}: the table is "
+                    f"not used here (graph() counts), so it cannot be compared")
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_preset_has_a_current_shipped_entry(name):
+    """A preset edited without regenerating the table would silently fall back to counting."""
+    from mosaic.zoo.cost_table import REGENERATE, shipped_costs
+
+    _shipped_versions_or_skip()
+    model = get_model(name)
+    for preset in model.presets:
+        assert shipped_costs(model, preset) is not None, (
+            f"{name}/{preset}: no shipped costs for this config; run `{REGENERATE}`")
+
+
+@pytest.mark.parametrize(("name", "preset"), [(n, "tiny") for n in NAMES] + [("clip", "small")])
+def test_shipped_costs_equal_a_fresh_count(name, preset):
+    """The table cannot drift from the counting code: recount and compare exactly."""
+    from mosaic.zoo.cost import count_model
+    from mosaic.zoo.cost_table import REGENERATE, shipped_costs
+
+    _shipped_versions_or_skip()
+    model = get_model(name)
+    assert count_model(model, preset) == shipped_costs(model, preset), (
+        f"{name}/{preset}: counted costs differ from costs.json; run `{REGENERATE}`")
+
+
+def test_graph_reads_the_shipped_costs_without_counting(monkeypatch):
+    from mosaic.zoo import base, cost
+
+    _shipped_versions_or_skip()
+
+    def refuse(*args):
+        raise AssertionError("counted although the shipped table matches")
+
+    monkeypatch.setattr(cost, "count_model", refuse)
+    base._measured_costs.cache_clear()
+    try:
+        assert get_model("qwen3-vl").graph("paper").module("llm").flops_per_sample > 0
+    finally:
+        base._measured_costs.cache_clear()
+
+
+def test_a_changed_config_misses_the_table():
+    import dataclasses
+
+    from mosaic.zoo.base import Preset, ZooModel
+    from mosaic.zoo.cost_table import fingerprint, shipped_costs
+
+    model = get_model("clip")
+    tiny = model.preset("tiny")
+    vision = dataclasses.replace(tiny.modules["vision"], num_layers=3)
+    changed = ZooModel(name=model.name, description=model.description, edges=model.edges,
+                       presets={"tiny": Preset(name="tiny", global_batch=tiny.global_batch,
+                                               modules={**tiny.modules, "vision": vision})})
+    assert fingerprint(changed, "tiny") != fingerprint(model, "tiny")
+    assert shipped_costs(changed, "tiny") is None

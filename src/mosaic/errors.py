@@ -1,8 +1,8 @@
 """Which exceptions are the user's to fix (one line, exit 2) and which are our bugs (traceback).
 
-Every stage defines its own ValueError subclass (GraphError, PlanError, HardwareError,
-ProfileDBError, PoolError, ...) whose message names the field and the fix; the CLI treats any
-ValueError subclass defined inside the `mosaic` package as a user error.
+Every stage defines its own subclass of `MosaicError` (GraphError, PlanError, HardwareError,
+ProfileDBError, PerfModelError, ...) whose message names the field and the fix; the CLI prints
+any MosaicError as one line and exits 2. MOSAIC_DEBUG=1 turns them back into tracebacks.
 """
 
 from __future__ import annotations
@@ -10,8 +10,17 @@ from __future__ import annotations
 import os
 
 
+class MosaicError(ValueError):
+    """Base of every error that is the user's to fix: the message names the field and the fix."""
+
+
 def is_user_error(exc: BaseException) -> bool:
     if os.environ.get("MOSAIC_DEBUG"):
         return False
+    if isinstance(exc, MosaicError):
+        return True
+    # Transitional: the engine's errors (engine/, engine/measure.py) still derive from plain
+    # ValueError until that rewrite lands; keep accepting ValueError subclasses defined in
+    # mosaic.* so none of them regresses to a traceback. Drop this once they are MosaicErrors.
     cls = type(exc)
     return issubclass(cls, ValueError) and cls.__module__.startswith("mosaic.")

@@ -8,14 +8,17 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import networkx as nx
+from mosaic.errors import MosaicError
+
+if TYPE_CHECKING:  # networkx takes a noticeable part of a second to import: the DAG walks
+    import networkx as nx  # below are plain Python, networkx only for to_networkx()
 
 MODULE_KINDS = ("encoder", "embedding", "llm", "head")
 
 
-class GraphError(ValueError):
+class GraphError(MosaicError):
     """A model graph that cannot be planned; the message names the field and the fix."""
 
 
@@ -99,6 +102,8 @@ class MMGraph:
         return [dst for src, dst in self.edges if src == name]
 
     def to_networkx(self) -> nx.DiGraph:
+        import networkx as nx
+
         g = nx.DiGraph()
         g.add_nodes_from(self.names)
         g.add_edges_from(self.edges)
@@ -106,13 +111,20 @@ class MMGraph:
 
     def levels(self) -> list[list[str]]:
         """Topological generations: modules of one level are mutually independent."""
-        return [sorted(gen) for gen in nx.topological_generations(self.to_networkx())]
+        return [sorted(level) for level in _generations(self.names, self.edges)]
 
     def topo_order(self) -> list[str]:
         return [name for level in self.levels() for name in level]
 
     def ancestors(self, name: str) -> set[str]:
-        return nx.ancestors(self.to_networkx(), name)
+        found: set[str] = set()
+        todo = [name]
+        while todo:
+            for p in self.predecessors(todo.pop()):
+                if p not in found:
+                    found.add(p)
+                    todo.append(p)
+        return found
 
     def independent(self, a: str, b: str) -> bool:
         return a not in self.ancestors(b) and b not in self.ancestors(a)
@@ -180,8 +192,39 @@ def validate_graph(graph: MMGraph) -> None:
                 )
         if src == dst:
             raise GraphError(f"graph {graph.name!r}: self-loop on {src!r}")
-    g = nx.DiGraph(list(graph.edges))
-    g.add_nodes_from(seen)
-    if not nx.is_directed_acyclic_graph(g):
-        cycle = " -> ".join(a for a, _ in nx.find_cycle(g))
+    placed = set().union(*_generations(list(seen), graph.edges))
+    if len(placed) < len(seen):
+        cycle = " -> ".join(_a_cycle(seen - placed, graph.edges))
         raise GraphError(f"graph {graph.name!r} has a cycle ({cycle}): module edges must form a DAG")
+
+
+def _generations(names: list[str], edges: tuple[tuple[str, str], ...]) -> list[set[str]]:
+    """Kahn's algorithm level by level (networkx's topological_generations); modules on a
+    cycle, and those after one, are in no level."""
+    indegree = dict.fromkeys(names, 0)
+    for _, dst in edges:
+        indegree[dst] += 1
+    level = {n for n, d in indegree.items() if d == 0}
+    generations = []
+    while level:
+        generations.append(level)
+        following = set()
+        for src, dst in edges:
+            if src in level:
+                indegree[dst] -= 1
+                if indegree[dst] == 0:
+                    following.add(dst)
+        level = following
+    return generations
+
+
+def _a_cycle(unplaced: set[str], edges: tuple[tuple[str, str], ...]) -> list[str]:
+    """One cycle among the modules Kahn could not place, in edge order, closed (a -> b -> a).
+    Each of them has a predecessor among them, so walking predecessors must revisit one."""
+    predecessor = {dst: src for src, dst in edges if src in unplaced and dst in unplaced}
+    walk, node = [], min(unplaced)
+    while node not in walk:
+        walk.append(node)
+        node = predecessor[node]
+    cycle = list(reversed(walk[walk.index(node):]))
+    return [*cycle, cycle[0]]

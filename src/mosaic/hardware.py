@@ -5,10 +5,16 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from mosaic.errors import MosaicError
+
 GIB = 1024**3
 
+MAX_GPUS = 4096
+"""Largest cluster the planners and performance models are meant for (512 8-GPU nodes): far
+past any measured point, and a typo (--gpus 80000) should be refused, not planned for minutes."""
 
-class HardwareError(ValueError):
+
+class HardwareError(MosaicError):
     """Unknown hardware or an impossible cluster shape."""
 
 
@@ -29,6 +35,8 @@ class GPUSpec:
     """Minimum time of one kernel in a replayed CUDA graph (launch + ramp + tail)."""
     source: str
     """Where the numbers come from (measured here, or datasheet leads)."""
+    datasheet_bf16_flops: float = 989e12
+    """The vendor's dense bf16 peak (FLOP/s): MFU is quoted against it, as the field does."""
 
     def __post_init__(self) -> None:
         if self.num_sms < 1 or self.sm_granularity < 1:
@@ -124,10 +132,16 @@ class ClusterSpec:
         return cls(**{**d, "gpu": GPUSpec(**d["gpu"])})
 
 
-def make_cluster(num_gpus: int, hardware: str = "h200", gpus_per_node: int = 8) -> ClusterSpec:
+GPUS_PER_NODE = 8
+"""GPUs of one node (HGX H100 / H200 boards): the unit clusters grow by."""
+
+
+def make_cluster(num_gpus: int, hardware: str = "h200", gpus_per_node: int = GPUS_PER_NODE) -> ClusterSpec:
     """A cluster of `num_gpus`, filling nodes of `gpus_per_node` (fewer GPUs: one partial node)."""
     if num_gpus < 1:
         raise HardwareError(f"--gpus {num_gpus}: need at least 1 GPU")
+    if num_gpus > MAX_GPUS:
+        raise HardwareError(f"--gpus {num_gpus}: at most {MAX_GPUS} GPUs are modelled; use fewer")
     gpu = gpu_spec(hardware)
     if num_gpus <= gpus_per_node:
         return ClusterSpec(gpu=gpu, num_nodes=1, gpus_per_node=num_gpus)

@@ -19,6 +19,8 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from mosaic.errors import MosaicError
+from mosaic.files import write_text_atomic
 from mosaic.graph import MMGraph
 from mosaic.hardware import ClusterSpec
 
@@ -28,7 +30,7 @@ MEMORY_MARGIN = 0.10
 """Fraction of GPU memory kept free for the allocator, NCCL buffers and CUDA graphs."""
 
 
-class PlanError(ValueError):
+class PlanError(MosaicError):
     """A plan that cannot run; the message names the field and the fix."""
 
 
@@ -152,8 +154,7 @@ class Plan:
     def save(self, path: str | Path) -> Path:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(self.to_json())
-        return path
+        return write_text_atomic(path, self.to_json())  # a crash never leaves half a plan
 
     def validate(self, graph: MMGraph, cluster: ClusterSpec) -> Plan:
         validate_plan(self, graph, cluster)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import random
 
-from mosaic.graph import MMGraph, ModuleSpec
+from mosaic.graph import GraphError, MMGraph, ModuleSpec
 
 MODALITIES = ("vision", "audio", "video", "text", "imu", "depth", "thermal", "motion",
               "tabular", "point", "ecg", "struct", "speech", "event")
@@ -54,7 +54,7 @@ def synthetic_graph(num_modules: int, seed: int, num_gpus: int = 8,
     times num_gpus, so many DP degrees divide it.
     """
     if num_modules < 1:
-        raise ValueError(f"num_modules={num_modules}: a graph needs at least one module")
+        raise GraphError(f"num_modules={num_modules}: a graph needs at least one module")
     rng = random.Random(seed)
     llm_dim = rng.choice((1024, 1536, 2048))
     llm_kind = "llm" if num_modules >= 3 else "head"

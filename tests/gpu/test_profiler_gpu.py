@@ -8,7 +8,7 @@ pytestmark = pytest.mark.gpu
 @pytest.fixture(scope="module")
 def bank():
     from mosaic.hardware import H200
-    from mosaic.profile.bench import StreamBank
+    from mosaic.profile.graph_timing import StreamBank
 
     bank = StreamBank(H200)
     yield bank
@@ -27,7 +27,7 @@ def _mlp():
 
 
 def test_fewer_sms_is_slower(bank):
-    from mosaic.profile.bench import GraphBench, TimingConfig, time_group
+    from mosaic.profile.graph_timing import GraphBench, TimingConfig, time_group
 
     module, x = _mlp()
     bench = GraphBench(module, [x])
@@ -41,7 +41,7 @@ def test_fewer_sms_is_slower(bank):
 
 
 def test_colocated_group_times_each_member(bank):
-    from mosaic.profile.bench import GraphBench, TimingConfig, time_group
+    from mosaic.profile.graph_timing import GraphBench, TimingConfig, time_group
 
     module_a, xa = _mlp()
     module_b, xb = _mlp()

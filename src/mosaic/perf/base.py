@@ -16,12 +16,17 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from mosaic.errors import MosaicError
 from mosaic.graph import MMGraph, ModuleSpec
 from mosaic.hardware import ClusterSpec
 from mosaic.plan import Plan, Stage
 
 GRAD_BYTES_PER_PARAM = 4.0
 """Gradients are all-reduced in fp32 (mixed precision keeps fp32 master gradients)."""
+
+
+class PerfModelError(MosaicError):
+    """A performance model that cannot be made as asked (unknown name, unusable inputs)."""
 
 
 @dataclass(frozen=True, slots=True)

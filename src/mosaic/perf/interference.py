@@ -32,6 +32,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 from scipy.optimize import least_squares
 
+from mosaic.errors import MosaicError
 from mosaic.graph import ModuleSpec
 from mosaic.perf.analytic import ACTIVATION_PASSES, BYTES_PER_PARAM_STEP
 
@@ -40,7 +41,7 @@ SATURATION = 1.05
 """A module saturates at the fewest SMs within 5% of its time on all the SMs it may use."""
 
 
-class InterferenceError(ValueError):
+class InterferenceError(MosaicError):
     """Bad interference-model input; the message names the field and the fix."""
 
 

@@ -1,6 +1,7 @@
 """Profiling: measured module times, colocations and comm curves in a ProfileDB (SQLite).
 
-`db` is light (stdlib only) and is what planning reads; `profiler` and `bench` need a GPU.
+`db` is light (stdlib only) and is what planning reads; `profiler` and `graph_timing` (CUDA-graph
+timings of modules on SM-quota'd streams) need a GPU.
 """
 
 from mosaic.profile.db import (

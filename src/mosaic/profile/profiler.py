@@ -30,7 +30,15 @@ import torch
 from mosaic.graph import MMGraph
 from mosaic.hardware import GPUSpec, gpu_spec, make_cluster
 from mosaic.perf.interference import module_bytes
-from mosaic.profile.bench import (
+from mosaic.profile.db import (
+    ColocPoint,
+    ColocWork,
+    CommPoint,
+    ModulePoint,
+    ProfileDB,
+    SignaturePoint,
+)
+from mosaic.profile.graph_timing import (
     Antagonist,
     GraphBench,
     ProfilerError,
@@ -39,14 +47,6 @@ from mosaic.profile.bench import (
     TimingConfig,
     free_device_memory,
     time_group,
-)
-from mosaic.profile.db import (
-    ColocPoint,
-    ColocWork,
-    CommPoint,
-    ModulePoint,
-    ProfileDB,
-    SignaturePoint,
 )
 from mosaic.profile.sampling import batch_grid, coarse_points, refine
 

@@ -26,7 +26,9 @@ Cost facts
 `graph(preset)` counts each module's forward + backward FLOPs (FlopCounterMode), the bytes
 autograd saves for backward (saved_tensors_hooks, at bf16) and the kernel count on fake
 tensors (see `mosaic.zoo.cost`), once per (model, preset) per process; `global_batch` only
-rescales the graph.
+rescales the graph. The counts of every shipped preset come from `zoo/data/costs.json`
+(`mosaic.zoo.cost_table`) when its fingerprint matches, so planning imports neither torch nor
+transformers; this module and `configs` import them only inside the methods that need them.
 """
 
 from __future__ import annotations
@@ -35,16 +37,19 @@ import functools
 import zlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-
-import torch
-from torch import Tensor
+from typing import TYPE_CHECKING
 
 from mosaic.graph import GraphError, MMGraph, ModuleSpec
-from mosaic.zoo.common import ZooModule
 from mosaic.zoo.configs import ModuleConfig, Shape
-from mosaic.zoo.cost import COUNT_BATCH, ModuleCost, count_graph
+from mosaic.zoo.cost_table import COUNT_BATCH, ModuleCost, shipped_costs
 
-Device = str | torch.device
+if TYPE_CHECKING:
+    import torch
+    from torch import Tensor
+
+    from mosaic.zoo.common import ZooModule
+
+    Device = str | torch.device
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -119,12 +124,13 @@ class ZooModel:
         self,
         preset: str,
         device: Device = "cpu",
-        dtype: torch.dtype = torch.float32,
+        dtype: torch.dtype | None = None,
         *,
         names: Iterable[str] | None = None,
         seed: int = 0,
     ) -> dict[str, ZooModule]:
-        """Randomly initialised modules (all, or only `names`), in graph order, in train mode."""
+        """Randomly initialised modules (all, or only `names`), in graph order, in train mode;
+        `dtype` None is float32 (a None default keeps torch out of this module's import)."""
         configs = self.preset(preset).modules
         wanted = set(configs) if names is None else set(names)
         unknown = wanted - set(configs)
@@ -132,11 +138,13 @@ class ZooModel:
             raise GraphError(
                 f"model {self.name!r} has no module(s) {sorted(unknown)}; modules: {list(configs)}"
             )
+        import torch
+
         shapes = self.in_shapes(preset)
         device = torch.device(device)
         return {
             name: _build_one(config, shapes[name], device, seed, name)
-            .to(device=device, dtype=dtype)
+            .to(device=device, dtype=torch.float32 if dtype is None else dtype)
             .train()
             for name, config in configs.items()
             if name in wanted
@@ -148,12 +156,13 @@ class ZooModel:
         batch_size: int,
         generator: torch.Generator,
         device: Device = "cpu",
-        dtype: torch.dtype = torch.float32,
+        dtype: torch.dtype | None = None,
     ) -> dict[str, tuple[Tensor, ...]]:
         """Synthetic data inputs of every module (possibly empty), drawn in graph order.
 
         Drawn on the generator's device, then moved: a CPU generator gives the same data on
-        every device. Floating inputs are cast to `dtype`; token ids stay int64.
+        every device. Floating inputs are cast to `dtype` (None: they stay float32, as drawn);
+        token ids stay int64.
         """
         if batch_size < 1:
             raise GraphError(f"make_inputs: batch_size={batch_size} must be >= 1")
@@ -195,6 +204,8 @@ class ZooModel:
 def _build_one(
     config: ModuleConfig, in_shapes: list[Shape], device: torch.device, seed: int, name: str
 ) -> ZooModule:
+    import torch
+
     # Seed per module so a rank building a subset gets the same weights as one building all.
     module_seed = seed * 1_000_003 + zlib.crc32(name.encode())
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
@@ -203,23 +214,20 @@ def _build_one(
             return config.build(in_shapes)
 
 
-def _to(t: Tensor, device: Device, dtype: torch.dtype) -> Tensor:
-    return t.to(device=device, dtype=dtype if t.is_floating_point() else t.dtype)
+def _to(t: Tensor, device: Device, dtype: torch.dtype | None) -> Tensor:
+    cast = dtype is not None and t.is_floating_point()
+    return t.to(device=device, dtype=dtype if cast else t.dtype)
 
 
 @functools.lru_cache(maxsize=64)
 def _measured_costs(model: ZooModel, preset: str) -> dict[str, ModuleCost]:
-    configs = model.preset(preset).modules
-    shapes = model.in_shapes(preset)
-    generator = torch.Generator().manual_seed(0)
-    # Building draws random weights: leave the caller's RNG as it was.
-    with torch.random.fork_rng(devices=[]):
-        return count_graph(
-            order=list(configs),
-            predecessors={name: model.predecessors(name) for name in configs},
-            build=lambda name: configs[name].build(shapes[name]),
-            make_inputs=lambda batch: model.make_inputs(preset, batch, generator),
-        )
+    shipped = shipped_costs(model, preset)
+    if shipped is not None:
+        return shipped
+    # A preset changed since the table was written, or another torch / transformers: count.
+    from mosaic.zoo.cost import count_model
+
+    return count_model(model, preset)
 
 
 def _module_spec(

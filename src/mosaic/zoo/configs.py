@@ -3,29 +3,25 @@
 A config is plain frozen data (the knobs a preset turns); `build` makes a randomly initialised
 module from transformers configs (never downloading anything) and `make_inputs` draws the
 module's own data inputs for a batch. Shapes are per sample, without the batch axis.
+
+Configs are read without torch (the shipped cost table is keyed by their reprs, and planning
+never builds a module), so torch, transformers and the nn.Modules of `common` are imported
+inside `build` and `make_inputs`, the only places that use them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import ClassVar
-
-import torch
-import transformers
-from torch import Tensor
+from typing import TYPE_CHECKING, ClassVar
 
 from mosaic.graph import GraphError
-from mosaic.zoo.common import (
-    CausalLM,
-    ContrastiveHead,
-    HFEncoder,
-    SignalEncoder,
-    TableEncoder,
-    TokenEmbedding,
-    TokenMerger,
-    ZooModule,
-)
+
+if TYPE_CHECKING:
+    import torch
+    from torch import Tensor
+
+    from mosaic.zoo.common import TokenMerger, ZooModule
 
 Shape = tuple[int, ...]
 
@@ -34,11 +30,19 @@ Shape = tuple[int, ...]
 _HF_COMMON = {"attn_implementation": "sdpa"}
 
 
-
 def token_ids(vocab_size: int, batch_size: int, seq_len: int, generator: torch.Generator) -> Tensor:
     """Uniform random token ids, on the generator's device (synthetic data)."""
+    import torch
+
     return torch.randint(0, vocab_size, (batch_size, seq_len), generator=generator,
                          device=generator.device)
+
+
+def _randn(batch_size: int, shape: Shape, generator: torch.Generator) -> Tensor:
+    """Standard normal samples [batch, *shape], on the generator's device (synthetic data)."""
+    import torch
+
+    return torch.randn(batch_size, *shape, generator=generator, device=generator.device)
 
 @dataclass(frozen=True, kw_only=True)
 class ModuleConfig:
@@ -111,6 +115,8 @@ def _merged_shape(cfg: TransformerConfig, out: TokenOutput, num_patches: int) ->
 def _merger(cfg: TransformerConfig, out: TokenOutput, grid_size: int = 0) -> TokenMerger | None:
     if out.pooled or out.merge == 1:
         return None
+    from mosaic.zoo.common import TokenMerger
+
     return TokenMerger(cfg.hidden_dim, out.merge, out.out_dim or cfg.hidden_dim, grid_size)
 
 
@@ -142,11 +148,7 @@ class VisionConfig(TransformerConfig):
         return (3, self.image_size, self.image_size)
 
     def make_inputs(self, batch_size: int, generator: torch.Generator) -> tuple[Tensor, ...]:
-        return (
-            torch.randn(
-                batch_size, *self.input_shape, generator=generator, device=generator.device
-            ),
-        )
+        return (_randn(batch_size, self.input_shape, generator),)
 
     def out_shape(self, in_shapes: Sequence[Shape]) -> Shape:
         return _merged_shape(self, self.output, self.grid_size**2)
@@ -155,6 +157,11 @@ class VisionConfig(TransformerConfig):
         return self.grid_size**2 + 1  # + CLS
 
     def build(self, in_shapes: Sequence[Shape]) -> ZooModule:
+        import torch
+        import transformers
+
+        from mosaic.zoo.common import HFEncoder
+
         hf = transformers.CLIPVisionConfig(
             hidden_size=self.hidden_dim,
             intermediate_size=self.mlp_dim,
@@ -208,11 +215,7 @@ class AudioConfig(TransformerConfig):
         return (self.num_frames, self.num_mel_bins)
 
     def make_inputs(self, batch_size: int, generator: torch.Generator) -> tuple[Tensor, ...]:
-        return (
-            torch.randn(
-                batch_size, *self.input_shape, generator=generator, device=generator.device
-            ),
-        )
+        return (_randn(batch_size, self.input_shape, generator),)
 
     def out_shape(self, in_shapes: Sequence[Shape]) -> Shape:
         return _merged_shape(self, self.output, self.num_patches)
@@ -221,6 +224,10 @@ class AudioConfig(TransformerConfig):
         return self.num_patches + 2  # + CLS and distillation tokens
 
     def build(self, in_shapes: Sequence[Shape]) -> ZooModule:
+        import transformers
+
+        from mosaic.zoo.common import HFEncoder
+
         hf = transformers.ASTConfig(
             hidden_size=self.hidden_dim,
             intermediate_size=self.mlp_dim,
@@ -271,11 +278,7 @@ class VideoConfig(TransformerConfig):
         return (self.num_frames, 3, self.image_size, self.image_size)
 
     def make_inputs(self, batch_size: int, generator: torch.Generator) -> tuple[Tensor, ...]:
-        return (
-            torch.randn(
-                batch_size, *self.input_shape, generator=generator, device=generator.device
-            ),
-        )
+        return (_randn(batch_size, self.input_shape, generator),)
 
     def out_shape(self, in_shapes: Sequence[Shape]) -> Shape:
         return _merged_shape(self, self.output, self.num_patches)
@@ -284,6 +287,10 @@ class VideoConfig(TransformerConfig):
         return self.num_patches
 
     def build(self, in_shapes: Sequence[Shape]) -> ZooModule:
+        import transformers
+
+        from mosaic.zoo.common import HFEncoder
+
         hf = transformers.VideoMAEConfig(
             hidden_size=self.hidden_dim,
             intermediate_size=self.mlp_dim,
@@ -327,6 +334,8 @@ class TextConfig(TransformerConfig):
 
     def make_inputs(self, batch_size: int, generator: torch.Generator) -> tuple[Tensor, ...]:
         # The pooled embedding is read at the EOS token: put it last, as a tokenizer would.
+        import torch
+
         eos = self.vocab_size - 1
         body = torch.randint(
             0, eos - 1, (batch_size, self.seq_len - 1), generator=generator, device=generator.device
@@ -340,6 +349,10 @@ class TextConfig(TransformerConfig):
         return self.seq_len
 
     def build(self, in_shapes: Sequence[Shape]) -> ZooModule:
+        import transformers
+
+        from mosaic.zoo.common import HFEncoder
+
         hf = transformers.CLIPTextConfig(
             vocab_size=self.vocab_size,
             hidden_size=self.hidden_dim,
@@ -378,6 +391,8 @@ class EmbeddingConfig(ModuleConfig):
         return self.seq_len
 
     def build(self, in_shapes: Sequence[Shape]) -> ZooModule:
+        from mosaic.zoo.common import TokenEmbedding
+
         return TokenEmbedding(self.vocab_size, self.hidden_dim)
 
 
@@ -399,11 +414,7 @@ class SignalConfig(TransformerConfig):
         return (self.num_steps, self.num_channels)
 
     def make_inputs(self, batch_size: int, generator: torch.Generator) -> tuple[Tensor, ...]:
-        return (
-            torch.randn(
-                batch_size, *self.input_shape, generator=generator, device=generator.device
-            ),
-        )
+        return (_randn(batch_size, self.input_shape, generator),)
 
     def out_shape(self, in_shapes: Sequence[Shape]) -> Shape:
         return (self.num_steps // self.stride, self.hidden_dim)
@@ -412,6 +423,8 @@ class SignalConfig(TransformerConfig):
         return self.num_steps // self.stride
 
     def build(self, in_shapes: Sequence[Shape]) -> ZooModule:
+        from mosaic.zoo.common import SignalEncoder
+
         return SignalEncoder(
             num_channels=self.num_channels,
             num_steps=self.num_steps,
@@ -434,9 +447,7 @@ class TableConfig(TransformerConfig):
         return (self.num_fields,)
 
     def make_inputs(self, batch_size: int, generator: torch.Generator) -> tuple[Tensor, ...]:
-        return (
-            torch.randn(batch_size, self.num_fields, generator=generator, device=generator.device),
-        )
+        return (_randn(batch_size, (self.num_fields,), generator),)
 
     def out_shape(self, in_shapes: Sequence[Shape]) -> Shape:
         return (self.num_fields, self.hidden_dim)
@@ -445,6 +456,8 @@ class TableConfig(TransformerConfig):
         return self.num_fields
 
     def build(self, in_shapes: Sequence[Shape]) -> ZooModule:
+        from mosaic.zoo.common import TableEncoder
+
         return TableEncoder(
             num_fields=self.num_fields,
             dim=self.hidden_dim,
@@ -471,16 +484,19 @@ class ContrastiveConfig(ModuleConfig):
         self._check(
             all(len(s) == 1 for s in in_shapes), f"inputs must be pooled [B, D], got {in_shapes}"
         )
+        from mosaic.zoo.common import ContrastiveHead
+
         return ContrastiveHead([s[0] for s in in_shapes], self.hidden_dim)
 
 
-# family -> (config class, model class, extra config): Qwen2's sliding window is off by
+# family -> (config class, model class, extra config), by name in transformers (resolved in
+# `build`, so reading a config needs no transformers): Qwen2's sliding window is off by
 # default but transformers 4.5x still warns unless the window itself is None.
 _LLM_FAMILIES = {
-    "llama": (transformers.LlamaConfig, transformers.LlamaModel, {}),
+    "llama": ("LlamaConfig", "LlamaModel", {}),
     "qwen2": (
-        transformers.Qwen2Config,
-        transformers.Qwen2Model,
+        "Qwen2Config",
+        "Qwen2Model",
         {"use_sliding_window": False, "sliding_window": None},
     ),
 }
@@ -532,7 +548,12 @@ class LLMConfig(TransformerConfig):
             in_shapes[-1][0] == self.text_len,
             f"the last input (text) must have text_len={self.text_len} tokens, got {in_shapes[-1]}",
         )
-        config_cls, model_cls, extra = _LLM_FAMILIES[self.family]
+        import transformers
+
+        from mosaic.zoo.common import CausalLM
+
+        config_name, model_name, extra = _LLM_FAMILIES[self.family]
+        config_cls, model_cls = getattr(transformers, config_name), getattr(transformers, model_name)
         hf = config_cls(
             # vocab_size=1: the text module owns the real embedding table (see CausalLM).
             vocab_size=1,

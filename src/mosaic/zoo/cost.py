@@ -8,13 +8,19 @@ Each module runs one forward + backward at `COUNT_BATCH` samples, its predecesso
 standing in as inputs that require grad (as in training, where the sink sends their gradients
 back). Per-sample numbers divide by the batch; the contrastive head's B x B logits make its
 cost grow with the batch, but it is a rounding error next to the encoders.
+
+Counting takes seconds per model, so the zoo ships the counts (`mosaic.zoo.cost_table`);
+`python -m mosaic.zoo.cost --write` recounts every model and preset into that table, and
+`--check` recounts and lists the entries that differ.
 """
 
 from __future__ import annotations
 
+import argparse
 import math
+import sys
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -24,8 +30,12 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
-COUNT_BATCH = 2
-"""Samples per counting pass (2, not 1, so batch-broadcast shapes are not mistaken for sizes)."""
+# ModuleCost and COUNT_BATCH live in the torch-free table module (planning reads them without
+# torch); imported here under their old names too.
+from mosaic.zoo.cost_table import COUNT_BATCH, ModuleCost
+
+if TYPE_CHECKING:
+    from mosaic.zoo.base import ZooModel
 
 BF16_BYTES = 2
 """Activations are counted as if held in bf16, as they are under autocast on the GPU."""
@@ -41,17 +51,6 @@ _NO_KERNEL_OPS = {
     aten.lift_fresh,
     aten.alias,
 }
-
-
-@dataclass(frozen=True, kw_only=True)
-class ModuleCost:
-    flops_per_sample: float
-    activation_bytes_per_sample: float
-    output_bytes_per_sample: float
-    num_params: int
-    num_kernels: int
-    """Non-view aten ops in one forward + backward: an estimate of kernel launches."""
-    out_shape: tuple[int, ...]
 
 
 def _embedding_backward_flops(grad_shape, *args, **kwargs) -> int:
@@ -214,3 +213,50 @@ def count_graph(
         with mode:
             costs[name], outputs[name] = count_module(module, (*data, *upstream))
     return costs
+
+
+def count_model(model: ZooModel, preset: str) -> dict[str, ModuleCost]:
+    """Count every module of `model` at `preset` (what the shipped table caches)."""
+    configs = model.preset(preset).modules
+    shapes = model.in_shapes(preset)
+    generator = torch.Generator().manual_seed(0)
+    # Building draws random weights: leave the caller's RNG as it was.
+    with torch.random.fork_rng(devices=[]):
+        return count_graph(
+            order=list(configs),
+            predecessors={name: model.predecessors(name) for name in configs},
+            build=lambda name: configs[name].build(shapes[name]),
+            make_inputs=lambda batch: model.make_inputs(preset, batch, generator),
+        )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from mosaic.zoo import get_model, list_models
+    from mosaic.zoo.cost_table import entry_key, load_table, table_entry, write_table
+
+    parser = argparse.ArgumentParser(prog="python -m mosaic.zoo.cost", description=(
+        "Recount the zoo's module costs; --write stores them in the shipped table."))
+    action = parser.add_mutually_exclusive_group(required=True)
+    action.add_argument("--write", action="store_true", help="recount and write data/costs.json")
+    action.add_argument("--check", action="store_true", help="recount; exit 1 if the table differs")
+    parser.add_argument("--models", nargs="+", default=list_models(), metavar="MODEL")
+    args = parser.parse_args(argv)
+    entries = dict(load_table()["entries"])
+    stale = []
+    for name in args.models:
+        model = get_model(name)
+        for preset in model.presets:
+            entry = table_entry(model, preset, count_model(model, preset))
+            key = entry_key(name, preset)
+            if entries.get(key) != entry:
+                stale.append(key)
+            entries[key] = entry
+            print(f"{key}: {'changed' if key in stale else 'same'}", file=sys.stderr)
+    if args.write:
+        print(f"wrote {write_table(entries)}", file=sys.stderr)
+        return 0
+    return 1 if stale else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -8,6 +8,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from mosaic.files import write_text_atomic
 from mosaic.report.timeline import TimelineEvent, plot_timeline, write_chrome_trace
 
 
@@ -43,9 +44,7 @@ def write_bench_artifacts(report: dict, measurements, out: Path) -> Path:
                           f"{report['model']} ({report['preset']}), {m.label}: one measured step, "
                           f"{m.median_s * 1e3:.1f} ms median")
             write_chrome_trace(events, out / f"{m.label}.trace.json")
-    path = out / "bench.json"
-    path.write_text(json.dumps(report, indent=2, default=str))
-    return path
+    return write_text_atomic(out / "bench.json", json.dumps(report, indent=2, default=str))
 
 
 def print_bench_table(report: dict) -> None:

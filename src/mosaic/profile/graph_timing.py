@@ -21,13 +21,14 @@ import torch
 from torch import nn
 
 from mosaic.engine.green import SMPartitionPool, StreamRequest
+from mosaic.errors import MosaicError
 from mosaic.hardware import GPUSpec
 
 SLEEP_CYCLES = 200_000
 """About 0.1 ms at the H200's clock: enough to enqueue a few graph replays behind it."""
 
 
-class ProfilerError(ValueError):
+class ProfilerError(MosaicError):
     """Profiling cannot give meaningful numbers here; the message says why and the fix."""
 
 

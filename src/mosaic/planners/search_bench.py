@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from mosaic.files import atomic_path
 from mosaic.graph import MMGraph
 from mosaic.hardware import ClusterSpec, make_cluster
 from mosaic.perf import AnalyticModel
@@ -138,6 +139,7 @@ def plot_bench(rows: Sequence[dict[str, Any]], path: str | Path) -> Path:
     fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
+    with atomic_path(path) as tmp:  # never a truncated PNG under the requested name
+        fig.savefig(tmp, dpi=120)
     plt.close(fig)
     return path
