@@ -1,0 +1,72 @@
+"""One process of test_user_program's multi-process test (gloo, CPU):
+
+    OMP_NUM_THREADS=1 python -m torch.distributed.run --standalone --nproc-per-node 2 \
+        tests/user_program_driver.py OUT_DIR MODEL [MODEL ...]
+
+For each zoo model (tiny preset, seed-0 batch, as the test's one-process reference), every rank
+runs two eager UserProgram steps, gradients zeroed before each (the second step checks that DDP
+starts each iteration afresh), and writes OUT_DIR/MODEL/rank{r}.safetensors: the two loss shares
+("loss.0", "loss.1") and every parameter's gradient after the second step ("grad.MODULE.PARAM").
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from safetensors.torch import save_file
+
+from mosaic.engine.user_program import UserProgram
+from mosaic.graph import MMGraph, ModuleSpec
+from mosaic.zoo import get_model
+
+
+def spec(name: str) -> ModuleSpec:
+    return ModuleSpec(name=name, kind="encoder", input_shape=(1,), num_params=1, num_layers=1,
+                      hidden_dim=1, tokens_per_sample=1, flops_per_sample=1.0,
+                      activation_bytes_per_sample=1.0, output_bytes_per_sample=1.0)
+
+
+def structure_graph(name: str) -> MMGraph:
+    """The zoo model's modules, edges and batch with placeholder costs: the user program reads
+    only those, and `ZooModel.graph` would spend seconds per process counting FLOPs."""
+    model = get_model(name)
+    return MMGraph(name=name, modules=tuple(spec(m) for m in model.module_names),
+                   edges=model.edges, global_batch=model.preset("tiny").global_batch)
+
+
+def run_model(name: str, out_dir: Path) -> None:
+    model = get_model(name)
+    graph = structure_graph(name)
+    modules = model.build_modules("tiny")
+    batch = model.make_inputs("tiny", graph.global_batch, torch.Generator().manual_seed(0))
+    program = UserProgram(graph=graph, modules=modules, compile_mode=None,
+                          device=torch.device("cpu"))
+    data = program.local_batch(batch)
+    saved = {}
+    for step in range(2):
+        for p in program.parameters():
+            p.grad = None
+        saved[f"loss.{step}"] = program.step(data).reshape(1)
+    for m, module in modules.items():
+        for p_name, p in module.named_parameters():
+            saved[f"grad.{m}.{p_name}"] = p.grad.contiguous()
+    where = out_dir / name
+    where.mkdir(parents=True, exist_ok=True)
+    save_file(saved, str(where / f"rank{dist.get_rank()}.safetensors"))
+
+
+def main(argv: list[str]) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    try:
+        for name in argv[1:]:
+            run_model(name, Path(argv[0]))
+    finally:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
