@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from mosaic.bench import BenchConfig, BenchError, bench_report, measure_plans
+from mosaic.engine.measure import BenchConfig, BenchError, bench_report, measure_plans
 from mosaic.hardware import H200
 from mosaic.plan import Placement, Plan, Stage
 from mosaic.zoo import get_model
@@ -24,12 +24,16 @@ def _plans(graph):
 def test_bench_measures_every_plan_and_reports_ratios(tmp_path):
     model = get_model("clip")
     graph = model.graph("tiny")
-    config = BenchConfig(rounds=2, steps_per_round=2, warmup_steps=1, nvml_seconds=0)
-    measurements = measure_plans(model, "tiny", graph, _plans(graph), H200, config)
-    assert [m.label for m in measurements] == ["megatron", "mosaic"]
+    config = BenchConfig(rounds=2, steps_per_round=2, warmup_steps=1, nvml_seconds=0,
+                         user_programs=("torch-eager",))
+    measurements, checks = measure_plans(model, "tiny", graph, _plans(graph), H200, config)
+    assert [m.label for m in measurements] == ["megatron", "mosaic", "torch-eager"]
     assert all(len(m.step_times_s) == 4 for m in measurements)
     assert {e["module"] for e in measurements[1].timeline} == set(graph.names)
-    report = bench_report(graph, measurements, H200, "tiny")
+    assert checks["gradients"]["reference"] == "torch-eager"
+    assert set(measurements[0].grad_error) == set(graph.names)
+    assert max(measurements[1].grad_error.values()) < 1e-4  # fp32 on CPU: same math
+    report = bench_report(graph, measurements, H200, "tiny", 1)
     json.dumps(report)  # serialisable
     row = report["results"][1]
     assert {"planner", "measured_iteration_s", "spread_s", "predicted_iteration_s", "mfu"} <= row.keys()
@@ -59,10 +63,36 @@ def test_bench_runs_multi_gpu_plans_under_torchrun(tmp_path):
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
          "-m", "mosaic", "bench", "clip", "--gpus", "2", "--preset", "tiny", "--perf-model",
          "analytic", "--rounds", "1", "--steps-per-round", "2", "--warmup", "1",
-         "--out", str(tmp_path), "--json"],
+         "--user-programs", "torch-eager", "--cpu-smoke", "--out", str(tmp_path), "--json"],
         capture_output=True, text=True, timeout=240, env=env)
     assert result.returncode == 0, result.stderr[-2000:]
     report = json.loads((tmp_path / "bench.json").read_text())
     assert report["gpus"] == 2
-    assert {r["planner"] for r in report["results"]} == {"megatron", "distmm", "spindle", "mosaic"}
-    assert all(r["measured_iteration_s"] > 0 and r["num_steps"] == 2 for r in report["results"])
+    assert {r["planner"] for r in report["results"]} == {"megatron", "distmm", "spindle", "mosaic",
+                                                          "torch-eager"}
+    assert report["checks"]["gradients"]["tolerance"] <= 1e-3
+    assert all(max(r["grad_error"].values()) < 1e-4 for r in report["results"])
+    assert all(r["measured_iteration_s"] > 0 and r["num_steps"] == 1 for r in report["results"])
+
+
+def test_a_plan_that_drops_a_modules_gradients_is_refused(monkeypatch):
+    """The gradient check catches what the loss check cannot: a plan whose text encoder never
+    receives its gradient still computes the same loss."""
+    from mosaic.engine.runner import PlanRunner
+
+    model = get_model("clip")
+    graph = model.graph("tiny")
+    real_step = PlanRunner.step
+
+    def drop_text_grads(self, data, **kwargs):
+        out = real_step(self, data, **kwargs)
+        if self.plan.planner == "mosaic" and "text" in self.modules:
+            for p in self.modules["text"].parameters():
+                p.grad = None
+        return out
+
+    monkeypatch.setattr(PlanRunner, "step", drop_text_grads)
+    config = BenchConfig(rounds=1, steps_per_round=1, warmup_steps=0, nvml_seconds=0,
+                         user_programs=("torch-eager",))
+    with pytest.raises(BenchError, match="'mosaic'.*gradient of module 'text'"):
+        measure_plans(model, "tiny", graph, _plans(graph), H200, config)

@@ -20,6 +20,7 @@ from torch import nn
 
 from mosaic.engine.comm import CommError, pieces, sample_range
 from mosaic.engine.runner import EngineError, PlanRunner, RunnerConfig
+from mosaic.engine.session import EngineConfig
 from mosaic.engine.timer import Timer
 from mosaic.engine.trainer import (
     OPTIMIZERS,
@@ -212,7 +213,8 @@ def test_loss_falls_over_20_steps(tmp_path):
     plan = one_gpu_plans(model.graph("tiny"))["free"]
     metrics = tmp_path / "m.jsonl"
     result = train(TrainConfig(device="cpu", model="toyclip", plan=plan, steps=20, lr=1e-2,
-                               metrics_path=str(metrics), timeline=True), model=model)
+                               metrics_path=str(metrics), engine=EngineConfig(timeline=True)),
+                   model=model)
     losses = [s["loss"] for s in result.steps]
     assert losses[-1] < 0.8 * losses[0]
     lines = [json.loads(line) for line in metrics.read_text().splitlines()]
@@ -310,9 +312,9 @@ def test_plan_file_errors_and_config_errors(tmp_path):
     with pytest.raises(TrainError, match="exactly one of"):
         TrainConfig(device="cpu", model="toyclip")
     with pytest.raises(TrainError, match="warmup_steps"):
-        TrainConfig(device="cpu", model="toyclip", planner="megatron", steps=2, warmup_steps=2)
+        TrainConfig(device="cpu", model="toyclip", plan_path="p.json", steps=2, warmup_steps=2)
     with pytest.raises(TrainError, match="torchrun --standalone --nproc-per-node 2"):
-        train_from_cli("clip", planner="megatron", gpus=2)
+        train_from_cli("clip", plan_path="p.json", gpus=2)
 
 
 def test_runner_rejects_graphs_on_cpu_and_missing_modules():
@@ -335,3 +337,24 @@ def test_cpu_timer_measures_host_time():
     start = timer.mark()
     sum(range(10000))
     assert timer.seconds(start, timer.mark()) > 0
+
+
+def test_a_resumed_run_continues_the_exact_loss_curve(tmp_path):
+    """Stop after 3 of 6 steps (a crash after the checkpoint), resume: the last 3 losses and
+    the final weights equal the uninterrupted run's, bit for bit (CPU, SGD)."""
+    from mosaic.engine.checkpoint import CheckpointConfig
+
+    model = ToyModel("toyvlm")
+    plan = one_gpu_plans(model.graph("tiny"))["free"]
+    common = dict(device="cpu", model="toyvlm", plan=plan, warmup_steps=0, lr=1e-2,
+                  optimizer="sgd", progress=False)
+    whole = train(TrainConfig(steps=6, **common), model=model)
+    ckpt = CheckpointConfig(directory=str(tmp_path / "ckpt"), every_steps=3)
+    train(TrainConfig(steps=3, checkpoint=ckpt, **common), model=model)
+    resumed = train(TrainConfig(steps=6, checkpoint=ckpt, resume=True, **common), model=model)
+    assert [s["step"] for s in resumed.steps] == [3, 4, 5]
+    assert [s["loss"] for s in resumed.steps] == [s["loss"] for s in whole.steps[3:]]
+    want, got = state_of(whole.modules), state_of(resumed.modules)
+    assert all(torch.equal(want[k], got[k]) for k in want)
+    with pytest.raises(TrainError, match="raise --steps"):
+        train(TrainConfig(steps=6, checkpoint=ckpt, resume=True, **common), model=model)

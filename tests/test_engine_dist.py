@@ -21,6 +21,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from safetensors.torch import load_file, save_file
 
+from mosaic.engine.session import EngineConfig
 from mosaic.engine.trainer import TrainConfig, train
 from mosaic.plan import Placement, Plan, Stage
 from tests.test_engine import ToyModel, assert_state_close, reference_state, state_of
@@ -100,7 +101,7 @@ ERROR_CASES = {
 
 
 def _worker(rank: int, world: int, ports: tuple[int, int], cases: dict, out_dir: str,
-            device: str = "cpu", graphs: bool = False) -> None:
+            device: str = "cpu", graphs: bool = False, grad_sync: str = "ddp") -> None:
     """One process of `world`: trains every case, saves its modules (or its error)."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(ports[0]), RANK=str(rank),
                       WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
@@ -117,9 +118,10 @@ def _worker(rank: int, world: int, ports: tuple[int, int], cases: dict, out_dir:
         where = Path(out_dir) / name
         where.mkdir(parents=True, exist_ok=True)
         source = {"plan": Plan.from_dict(plan)} if plan else {"plan_path": str(where / "none.json")}
+        engine = EngineConfig(graphs=graphs, amp=False, grad_sync=grad_sync)
         config = TrainConfig(device=device, model=toy, steps=STEPS, warmup_steps=int(graphs),
-                             lr=LR, optimizer="sgd", graphs=graphs,
-                             metrics_path=str(where / "metrics.jsonl"), amp=False, **source)
+                             lr=LR, optimizer="sgd", engine=engine,
+                             metrics_path=str(where / "metrics.jsonl"), **source)
         try:
             result = train(config, model=ToyModel(toy))
         except ValueError as exc:
@@ -140,9 +142,10 @@ def _free_ports() -> tuple[int, int]:
 
 
 def run_workers(world: int, cases: dict, tmp_path: Path, device: str = "cpu",
-                graphs: bool = False) -> None:
+                graphs: bool = False, grad_sync: str = "ddp") -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    mp.start_processes(_worker, args=(world, _free_ports(), cases, str(tmp_path), device, graphs),
+    mp.start_processes(_worker, args=(world, _free_ports(), cases, str(tmp_path), device, graphs,
+                                      grad_sync),
                        nprocs=world, join=True, start_method="spawn")
 
 
@@ -176,6 +179,14 @@ def test_two_processes_equal_one(tmp_path, references):
         for rank in range(2):  # every rank fails, before any step: no metrics written
             assert text in json.loads((tmp_path / name / f"rank{rank}.json").read_text())["error"]
         assert not (tmp_path / name / "metrics.jsonl").exists()
+
+
+def test_two_processes_with_bucketed_all_reduce_equal_one(tmp_path, references):
+    """The hand-written all-reduce stays correct while it is kept to measure DDP against."""
+    cases = cases_2()
+    run_workers(2, cases, tmp_path, grad_sync="bucketed")
+    for name, (toy, plan) in cases.items():
+        check_case(tmp_path, name, toy, plan, 2, references[toy])
 
 
 def test_four_processes_equal_one(tmp_path, references):

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 
+from mosaic.engine.session import EngineConfig
 from mosaic.engine.trainer import TrainConfig, train
 from tests.test_engine import ToyModel, one_gpu_plans, reference_state
 from tests.test_engine_dist import LR, STEPS, cases_2, check_case, run_workers
@@ -29,7 +30,7 @@ def _run(preset: str, sharing: str, graphs: bool, steps: int = 8) -> tuple[list[
 
     plan = one_gpu_plans(get_model("imagebind").graph(preset))[sharing]
     result = train(TrainConfig(model="imagebind", preset=preset, plan=plan, steps=steps,
-                               warmup_steps=1, lr=1e-4, graphs=graphs, device="cuda",
+                               warmup_steps=1, lr=1e-4, engine=EngineConfig(graphs=graphs), device="cuda",
                                progress=False))
     summary = result.summary
     print(f"imagebind/{preset} {sharing:9s} graphs={graphs!s:5s} "

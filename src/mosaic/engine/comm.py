@@ -15,12 +15,15 @@ two ranks always meet their shared phases in the same order: no deadlock, with g
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import json
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from mosaic.errors import MosaicError
 from mosaic.graph import MMGraph
 from mosaic.plan import Plan
 
@@ -34,7 +37,7 @@ BUCKET_ELEMENTS = 25 * 2**20
 """Gradients are all-reduced in flat buckets of at most this many elements (100 MB fp32)."""
 
 
-class CommError(ValueError):
+class CommError(MosaicError):
     """A plan that cannot be laid out on the running processes; the message says the fix."""
 
 
@@ -294,6 +297,25 @@ def broadcast_bytes(payload: bytes | None, device: torch.device | str, src: int 
     if data.numel():
         dist.broadcast(data, src)
     return data.cpu().numpy().tobytes()
+
+
+def share_from_rank0(make: Callable[[], dict[str, Any]], device: torch.device | str) -> dict[str, Any]:
+    """`make()` runs on rank 0 and every rank gets its JSON result (a plan, say: a planner with
+    a time limit need not be deterministic). A failure on rank 0 is sent instead, so every rank
+    raises the same one-line error rather than hanging in the broadcast."""
+    rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+    payload = None
+    if rank == 0:
+        try:
+            payload = json.dumps({"value": make()})
+        except Exception as exc:  # every rank must hear of it, not hang
+            if not isinstance(exc, ValueError):
+                raise
+            payload = json.dumps({"error": str(exc), "type": type(exc).__name__})
+    message = json.loads(broadcast_bytes(payload.encode() if payload else None, device))
+    if "error" in message:
+        raise CommError(message["error"])
+    return message["value"]
 
 
 def _buckets(grads: list[torch.Tensor]) -> list[list[torch.Tensor]]:

@@ -24,17 +24,31 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from mosaic.engine.comm import PlanComm, broadcast_bytes, check_world_size
-from mosaic.engine.runner import PlanRunner, RunnerConfig
+from mosaic.engine.checkpoint import CheckpointConfig, load_checkpoint, save_checkpoint
+from mosaic.engine.comm import CommError, PlanComm, check_world_size, share_from_rank0
+from mosaic.engine.compile import compile_modules
+from mosaic.engine.session import (
+    OPTIMIZERS,
+    Dist,
+    EngineConfig,
+    RankSession,
+    build_modules,
+    local_modules,
+    make_batch,
+    make_optimizer,
+    start_distributed,
+)
 from mosaic.engine.timer import Timer
+from mosaic.errors import MosaicError
 from mosaic.graph import MMGraph
 from mosaic.hardware import make_cluster
 from mosaic.plan import Plan, PlanError, gpu_memory_bytes
 
-OPTIMIZERS = {"adamw": torch.optim.AdamW, "sgd": torch.optim.SGD}
+__all__ = ["OPTIMIZERS", "TrainConfig", "TrainError", "TrainResult", "build_modules",
+           "make_batch", "make_optimizer", "start_distributed", "train", "train_from_cli"]
 
 
-class TrainError(ValueError):
+class TrainError(MosaicError):
     """A training job that cannot start; the message names the setting and the fix."""
 
 
@@ -58,13 +72,9 @@ class TrainConfig:
     """Zoo model name (ignored when `train` is given a model object)."""
     preset: str = "tiny"
     plan_path: str | None = None
-    """A plan JSON; exactly one of plan_path, planner, plan."""
-    planner: str | None = None
-    """A planner name (megatron, distmm, spindle, mosaic), run on rank 0."""
+    """A plan JSON (from `mosaic plan --out`, or hand-written); exactly one of plan_path, plan."""
     plan: Plan | None = None
-    """A plan object (programmatic use)."""
-    num_gpus: int | None = None
-    """GPUs to plan for; None: the number of processes."""
+    """A plan object (`mosaic.plan(...)` makes one). The engine never plans by itself."""
     steps: int = 20
     """Optimizer steps in all, warm-up included."""
     warmup_steps: int = 2
@@ -76,32 +86,33 @@ class TrainConfig:
     seed: int = 0
     global_batch: int | None = None
     """Override of the preset's global batch."""
-    graphs: bool = False
-    """Per-module CUDA graphs (GPU only)."""
-    amp: bool | None = None
-    """bf16 autocast; None: on for CUDA, off on CPU."""
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    """How the engine runs the plan: CUDA graphs, compile, gradient sync, accumulation."""
     device: str | None = None
     """'cpu' forces CPU (gloo) even where CUDA exists; None: CUDA when available."""
-    timeline: bool = False
-    """Record per-module start/end of the last step on every rank."""
     metrics_path: str | None = None
     """JSONL, one line per step, written by rank 0 once set-up succeeded."""
     hardware: str = "h200"
-    perf_model: str = "analytic"
-    """Performance model the planner uses."""
+    """GPU kind the plan is validated against (SM count, memory)."""
     progress: bool = True
     """A rich progress bar on rank 0 (only when stderr is a terminal)."""
+    checkpoint: CheckpointConfig | None = None
+    """Where and how often to checkpoint (torch.distributed.checkpoint, atomic); None: never."""
+    resume: bool = False
+    """Continue from the latest complete checkpoint in `checkpoint.directory` (any plan)."""
 
     def __post_init__(self) -> None:
-        sources = [n for n in ("plan_path", "planner", "plan") if getattr(self, n) is not None]
+        if self.resume and self.checkpoint is None:
+            raise TrainError("resume=True needs a checkpoint directory (--checkpoint-dir)")
+        sources = [n for n in ("plan_path", "plan") if getattr(self, n) is not None]
         if len(sources) != 1:
-            raise TrainError(f"give exactly one of plan_path (--plan), planner (--planner) or "
-                             f"plan; got {sources or 'none'}")
+            raise TrainError(f"give exactly one of plan_path (--plan) or plan; got "
+                             f"{sources or 'none'} (make a plan with `mosaic plan` or mosaic.plan())")
         if self.steps < 1:
             raise TrainError(f"steps={self.steps} must be >= 1")
         if not 0 <= self.warmup_steps < self.steps:
             raise TrainError(f"warmup_steps={self.warmup_steps} must be in [0, steps={self.steps})")
-        if self.graphs and self.warmup_steps < 1:
+        if self.engine.graphs and self.warmup_steps < 1:
             raise TrainError("graphs=True runs the first step eagerly to capture: set warmup_steps >= 1")
         if self.optimizer not in OPTIMIZERS:
             raise TrainError(f"optimizer={self.optimizer!r}; use one of {sorted(OPTIMIZERS)}")
@@ -109,10 +120,8 @@ class TrainConfig:
             raise TrainError(f"lr={self.lr} must be > 0")
         if self.device not in (None, "cpu", "cuda"):
             raise TrainError(f"device={self.device!r}; use 'cpu', 'cuda' or leave it unset")
-        for name in ("num_gpus", "global_batch"):
-            value = getattr(self, name)
-            if value is not None and value < 1:
-                raise TrainError(f"{name}={value} must be >= 1 (or unset)")
+        if self.global_batch is not None and self.global_batch < 1:
+            raise TrainError(f"global_batch={self.global_batch} must be >= 1 (or unset)")
 
 
 @dataclass(slots=True)
@@ -131,81 +140,15 @@ class TrainResult:
                 "timeline": self.timeline}
 
 
-# --- seeded model and data: the same on every rank, and in a reference loop ----------------------
-def build_modules(model: TrainableModel, preset: str, names: list[str], seed: int,
-                  device: torch.device | str = "cpu") -> dict[str, nn.Module]:
-    """Modules `names`, weights a function of (seed, name, device type) only (zoo contract)."""
-    return model.build_modules(preset, torch.device(device), torch.float32, names=names, seed=seed)
-
-
-def make_batch(model: TrainableModel, preset: str, global_batch: int, seed: int,
-               step: int) -> dict[str, tuple[torch.Tensor, ...]]:
-    """The global batch of `step` on the host, identical on every rank."""
-    generator = torch.Generator().manual_seed(seed * 1_000_003 + step)
-    return model.make_inputs(preset, global_batch, generator, torch.device("cpu"))
-
-
-# --- set-up --------------------------------------------------------------------------------
-@dataclass(frozen=True, slots=True)
-class Dist:
-    rank: int
-    world_size: int
-    device: torch.device
-    owns_group: bool
-
-
-def start_distributed(device: str | None) -> Dist:
-    """Join torchrun's world (env://) or run as a one-process world."""
-    cuda = torch.cuda.is_available() and device != "cpu"
-    if device == "cuda" and not cuda:
-        raise TrainError("device='cuda' but no CUDA device is visible; leave device unset")
-    running = dist.is_available() and dist.is_initialized()
-    world = dist.get_world_size() if running else int(os.environ.get("WORLD_SIZE", "1"))
-    rank = dist.get_rank() if running else int(os.environ.get("RANK", "0"))
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    device = torch.device("cpu")
-    if cuda:
-        if local_rank >= torch.cuda.device_count():
-            raise TrainError(f"LOCAL_RANK={local_rank} but only {torch.cuda.device_count()} GPUs "
-                             "are visible; use --nproc-per-node <= the GPU count")
-        device = torch.device("cuda", local_rank)
-        torch.cuda.set_device(device)
-    owns = False
-    if world > 1 and not running:
-        if cuda:
-            dist.init_process_group("nccl", init_method="env://", device_id=device)
-        else:
-            dist.init_process_group("gloo", init_method="env://")
-        owns = True
-    return Dist(rank=rank, world_size=world, device=device, owns_group=owns)
-
-
-def _make_plan(config: TrainConfig, graph: MMGraph, world_size: int) -> Plan:
+def _agree_on_plan(config: TrainConfig, d: Dist) -> Plan:
+    """The plan object, or rank 0's reading of the plan file, on every rank."""
     if config.plan is not None:
         return config.plan
-    if config.plan_path is not None:
-        return Plan.load(config.plan_path)
-    from mosaic.perf import make_perf_model
-    from mosaic.planners import get_planner
-
-    cluster = make_cluster(config.num_gpus or world_size, config.hardware)
-    return get_planner(config.planner)(graph, cluster, make_perf_model(config.perf_model, cluster))
-
-
-def _agree_on_plan(config: TrainConfig, graph: MMGraph, d: Dist) -> Plan:
-    """Rank 0 makes (or reads) the plan, every rank gets its JSON: a planner need not be
-    deterministic. A failure on rank 0 is sent instead, so every rank raises the same error."""
-    payload = None
-    if d.rank == 0:
-        try:
-            payload = json.dumps({"plan": _make_plan(config, graph, d.world_size).to_dict()})
-        except Exception as exc:  # every rank must hear of it, not hang
-            text = str(exc) if isinstance(exc, ValueError) else f"{type(exc).__name__}: {exc}"
-            payload = json.dumps({"error": text})
-    message = json.loads(broadcast_bytes(payload.encode() if payload else None, d.device))
-    if "error" in message:
-        raise TrainError(message["error"])
-    return Plan.from_dict(message["plan"])
+    try:
+        shared = share_from_rank0(lambda: Plan.load(config.plan_path).to_dict(), d.device)
+    except CommError as exc:  # rank 0's error, heard by every rank
+        raise TrainError(str(exc)) from None
+    return Plan.from_dict(shared)
 
 
 def _check_memory(plan: Plan, graph: MMGraph, d: Dist) -> None:
@@ -227,89 +170,98 @@ def _check_memory(plan: Plan, graph: MMGraph, d: Dist) -> None:
 
 # --- the loop ------------------------------------------------------------------------------
 def train(config: TrainConfig, model: TrainableModel | None = None) -> TrainResult:
-    """Train `config.model` (or `model`, any TrainableModel) with the configured plan."""
+    """Train `config.model` (or `model`, any TrainableModel) with the given plan."""
     t_setup = time.perf_counter()
     d = start_distributed(config.device)
-    pool = None
+    session = None
     try:
         if model is None:
             from mosaic.zoo import get_model
 
             model = get_model(config.model)
         graph = model.graph(config.preset, config.global_batch)
-        plan = _agree_on_plan(config, graph, d)
+        plan = _agree_on_plan(config, d)
         check_world_size(plan, d.world_size)
         plan.validate(graph, make_cluster(plan.num_gpus, config.hardware))
         _check_memory(plan, graph, d)
-        pool, runner, optimizer, comm = _build(config, model, graph, plan, d)
+        session, optimizer, compiled = _build(config, model, graph, plan, d)
         setup_s = time.perf_counter() - t_setup
-        steps, timeline = _loop(config, model, graph, runner, optimizer, comm, d)
-        summary = _summary(config, graph, plan, steps, pool, d, setup_s)
+        first = _resume(config, session, optimizer)
+        steps, timeline = _loop(config, model, graph, session, optimizer, d, first)
+        summary = _summary(config, graph, session, steps, d, setup_s)
+        summary["compile"] = compiled.to_dict()
         return TrainResult(steps=steps, summary=summary, plan=plan, timeline=timeline,
-                           modules=runner.modules)
+                           modules=session.modules)
     except PlanError as exc:
         raise TrainError(str(exc)) from None
     finally:
-        if pool is not None:
-            pool.close()
+        if session is not None:
+            session.close()
         if d.owns_group:
             dist.destroy_process_group()
 
 
 def _build(config: TrainConfig, model: TrainableModel, graph: MMGraph, plan: Plan, d: Dist):
-    from mosaic.engine.green import SMPartitionPool, requests_for_plan
-
     gpu = make_cluster(plan.num_gpus, config.hardware).gpu
-    local = [p.module for s in plan.stages for p in s.placements if d.rank in p.gpus]
-    modules = build_modules(model, config.preset, local, config.seed, d.device)
-    comm = PlanComm.create(plan, d.device)
-    pool = SMPartitionPool.create(requests_for_plan(plan, d.rank, gpu),
-                                  d.device.index if d.device.type == "cuda" else None, gpu)
-    runner = PlanRunner(plan=plan, graph=graph, modules=modules, comm=comm, pool=pool,
-                        config=RunnerConfig(graphs=config.graphs, amp=config.amp,
-                                              timeline=config.timeline),
-                        device=d.device)
-    params = runner.parameters()
+    modules = build_modules(model, config.preset, local_modules(plan, d.rank), config.seed,
+                            d.device)
+    views, compiled = compile_modules(modules, config.engine.compile)
+    session = RankSession.create(plan, graph, modules, d, gpu, config.engine, views=views)
+    params = session.parameters()
     optimizer = (make_optimizer(config.optimizer, params, config.lr, config.weight_decay)
                  if params else None)  # a GPU may hold no module at all
-    return pool, runner, optimizer, comm
+    return session, optimizer, compiled
 
 
-def make_optimizer(name: str, params: list[nn.Parameter], lr: float,
-                   weight_decay: float = 0.0) -> torch.optim.Optimizer:
-    """AdamW is fused on CUDA: the default multi-tensor AdamW measured about 100 bytes of
-    memory traffic per parameter on the H200 (10 ms a step for qwen3-vl small), fused about 28."""
-    kwargs = {"lr": lr, "weight_decay": weight_decay}
-    if name == "adamw" and params and params[0].is_cuda:
-        kwargs["fused"] = True
-    return OPTIMIZERS[name](params, **kwargs)
+def _resume(config: TrainConfig, session: RankSession,
+            optimizer: torch.optim.Optimizer | None) -> int:
+    """The step to start at: 0, or the one after the latest checkpoint. Data depends only on
+    (seed, step), so the run continues on exactly the batches it would have seen."""
+    if not config.resume:
+        return 0
+    step, _, _ = load_checkpoint(config.checkpoint.directory, session.modules, optimizer)
+    if step >= config.steps:
+        raise TrainError(f"the checkpoint is at step {step} but steps={config.steps}; "
+                         "raise --steps to train further")
+    return step
 
 
-def _loop(config: TrainConfig, model: TrainableModel, graph: MMGraph, runner: PlanRunner,
-          optimizer: torch.optim.Optimizer | None, comm: PlanComm, d: Dist):
+def _save_if_due(config: TrainConfig, session: RankSession,
+                 optimizer: torch.optim.Optimizer | None, steps_done: int) -> None:
+    ckpt = config.checkpoint
+    if ckpt is not None and (ckpt.due(steps_done) or steps_done == config.steps):
+        save_checkpoint(ckpt.directory, steps_done, session.modules, optimizer,
+                        plan=session.plan, keep_last=ckpt.keep_last)
+
+
+def _loop(config: TrainConfig, model: TrainableModel, graph: MMGraph, session: RankSession,
+          optimizer: torch.optim.Optimizer | None, d: Dist, first: int = 0):
     timer = Timer(d.device)
     steps: list[dict[str, Any]] = []
     timeline: list[dict[str, Any]] = []
-    metrics = _open_metrics(config.metrics_path) if d.rank == 0 else None
+    metrics = _open_metrics(config.metrics_path, append=first > 0) if d.rank == 0 else None
     try:
         with _progress(config, d) as (bar, task):
-            for step in range(config.steps):
-                data = runner.local_batch(make_batch(model, config.preset, graph.global_batch,
-                                                     config.seed, step))
+            bar.update(task, advance=first)
+            for step in range(first, config.steps):
+                data = session.local_batch(make_batch(model, config.preset, graph.global_batch,
+                                                      config.seed, step))
                 if optimizer is not None:
                     optimizer.zero_grad(set_to_none=True)
                 start = timer.mark()
-                out = runner.step(data)
+                out = session.step(data)
                 if optimizer is not None:
                     optimizer.step()
                 end = timer.mark()
-                row = _step_metrics(step, config, graph, comm, d, out.loss,
+                row = _step_metrics(step, config, graph, session.comm, d, out.loss,
                                     timer.seconds(start, end))
+                row["warmup"] = step - first < config.warmup_steps  # a resumed run warms up too
                 steps.append(row)
-                if config.timeline and step == config.steps - 1:
-                    timeline = _gather_timeline(runner.timeline(out), d)
-                if step == 0:
-                    runner.capture_graphs()  # no-op unless graphs are on
+                if config.engine.timeline and step == config.steps - 1:
+                    timeline = _gather_timeline(session.runner.timeline(out), d)
+                if step == first:
+                    session.capture_graphs()  # no-op unless graphs are on
+                _save_if_due(config, session, optimizer, step + 1)
                 if metrics is not None:
                     metrics.write(json.dumps(row) + "\n")
                     metrics.flush()
@@ -342,11 +294,11 @@ def _gather_timeline(events: list[dict[str, Any]], d: Dist) -> list[dict[str, An
     return sorted(events, key=lambda e: (e["gpu"], e["start_s"]))
 
 
-def _open_metrics(path: str | None):
+def _open_metrics(path: str | None, append: bool = False):
     if path is None:
         return None
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    return open(path, "w")  # noqa: SIM115 (closed in _loop's finally)
+    return open(path, "a" if append else "w")  # noqa: SIM115 (closed in _loop's finally)
 
 
 class _NoBar:
@@ -373,14 +325,16 @@ def _progress(config: TrainConfig, d: Dist):
     return bar()
 
 
-def _summary(config: TrainConfig, graph: MMGraph, plan: Plan, steps: list[dict[str, Any]],
-             pool: Any, d: Dist, setup_s: float) -> dict[str, Any]:
-    times = np.array([s["step_time_s"] for s in steps if not s["warmup"]])
+def _summary(config: TrainConfig, graph: MMGraph, session: RankSession,
+             steps: list[dict[str, Any]], d: Dist, setup_s: float) -> dict[str, Any]:
+    times = np.array([s["step_time_s"] for s in steps if not s["warmup"]]
+                     or [s["step_time_s"] for s in steps])
     median = float(np.median(times))
+    plan = session.plan
     return {
         "model": graph.name, "preset": config.preset, "planner": plan.planner,
         "num_gpus": plan.num_gpus, "global_batch": graph.global_batch,
-        "steps": config.steps, "warmup_steps": config.warmup_steps, "graphs": config.graphs,
+        "steps": config.steps, "warmup_steps": config.warmup_steps,
         "step_time_median_s": median,
         "step_time_p10_s": float(np.percentile(times, 10)),
         "step_time_p90_s": float(np.percentile(times, 90)),
@@ -391,16 +345,17 @@ def _summary(config: TrainConfig, graph: MMGraph, plan: Plan, steps: list[dict[s
         "setup_s": setup_s,
         "device": str(d.device), "backend": dist.get_backend() if d.world_size > 1 else None,
         "torch": torch.__version__,
-        "pool": pool.describe(),
+        **session.describe(),
         "config": {k: v for k, v in asdict(config).items() if k != "plan"},
     }
 
 
 def train_from_cli(model: str, preset: str = "tiny", plan_path: str | None = None,
-                   planner: str | None = None, gpus: int | None = None, steps: int = 20,
-                   metrics: str | None = None, graphs: bool = False, *, warmup_steps: int = 2,
-                   lr: float = 1e-4, seed: int = 0, global_batch: int | None = None,
-                   timeline: bool = False, hardware: str = "h200") -> TrainResult:
+                   gpus: int | None = None, steps: int = 20, metrics: str | None = None, *,
+                   plan: Plan | None = None, engine: EngineConfig | None = None,
+                   warmup_steps: int = 2, lr: float = 1e-4, seed: int = 0,
+                   global_batch: int | None = None, hardware: str = "h200",
+                   checkpoint: CheckpointConfig | None = None, resume: bool = False) -> TrainResult:
     """`mosaic train`: checks that the process count matches --gpus (torchrun or not)."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if gpus is not None and gpus != world:
@@ -408,8 +363,9 @@ def train_from_cli(model: str, preset: str = "tiny", plan_path: str | None = Non
             raise TrainError(f"--gpus {gpus} needs {gpus} processes, one per GPU: launch with "
                              f"`torchrun --standalone --nproc-per-node {gpus} -m mosaic train ...`")
         raise TrainError(f"--gpus {gpus} but torchrun started {world} processes; make them equal")
-    config = TrainConfig(model=model, preset=preset, plan_path=plan_path, planner=planner,
-                         num_gpus=gpus, steps=steps, warmup_steps=min(warmup_steps, steps - 1),
-                         lr=lr, seed=seed, global_batch=global_batch, graphs=graphs,
-                         timeline=timeline, metrics_path=metrics, hardware=hardware)
+    config = TrainConfig(model=model, preset=preset, plan_path=plan_path, plan=plan, steps=steps,
+                         warmup_steps=min(warmup_steps, steps - 1), lr=lr, seed=seed,
+                         global_batch=global_batch, engine=engine or EngineConfig(),
+                         metrics_path=metrics, hardware=hardware, checkpoint=checkpoint,
+                         resume=resume)
     return train(config)

@@ -1,17 +1,25 @@
 """Performance models: predict module, stage and iteration times for any plan."""
 
 from mosaic.perf.analytic import AnalyticModel
-from mosaic.perf.base import PerfModel, Work
+from mosaic.perf.base import PerfModel, PerfModelError, Work
 
-__all__ = ["AnalyticModel", "PerfModel", "Work", "make_perf_model"]
+__all__ = ["PERF_MODELS", "AnalyticModel", "PerfModel", "PerfModelError", "Work", "make_perf_model"]
+
+PERF_MODELS = ("auto", "analytic", "profiled")
+"""The names make_perf_model accepts (the CLI adds `auto`: profiled where a DB is shipped)."""
 
 
 def make_perf_model(name: str, cluster, **kwargs) -> PerfModel:
-    """Performance models by name: `analytic` now; `profiled` reads a ProfileDB."""
+    """Performance models by name: `profiled` reads a ProfileDB, `analytic` is the roofline,
+    `auto` is the measured profile shipped for this hardware when there is one, else analytic."""
+    if name == "auto":
+        from mosaic.profile.db import has_shipped_db
+
+        name = "profiled" if has_shipped_db(cluster.gpu.name) else "analytic"
     if name == "analytic":
         return AnalyticModel(cluster)
     if name == "profiled":  # lazy: scipy and the DB are only needed when asked for
         from mosaic.perf.profiled import ProfiledModel
 
         return ProfiledModel(cluster, kwargs.get("db"), interference=kwargs.get("interference", "aware"))
-    raise ValueError(f"unknown perf model {name!r}; choose 'analytic' or 'profiled'")
+    raise PerfModelError(f"unknown perf model {name!r}; choose one of {', '.join(PERF_MODELS)}")

@@ -29,7 +29,8 @@ PLANNERS: dict[str, Planner] = {
     "mosaic-unaware": plan_mosaic_unaware,  # ablation: no interference term
 }
 
-__all__ = ["PLANNERS", "MosaicPlannerConfig", "get_planner", "plan_all", "plan_mosaic"]
+__all__ = ["PLANNERS", "MosaicPlannerConfig", "get_planner", "make_plan", "plan_all",
+           "plan_mosaic"]
 
 
 def get_planner(name: str) -> Planner:
@@ -56,3 +57,14 @@ def plan_all(graph: MMGraph, cluster: ClusterSpec, perf: PerfModel,
     if not plans:
         raise PlanError(f"no planner found a plan: {'; '.join(errors)}")
     return plans
+
+
+def make_plan(graph: MMGraph, cluster: ClusterSpec, planner: str = "mosaic",
+              perf_model: str | PerfModel = "auto") -> Plan:
+    """THE way a plan is made, for `mosaic plan`, `bench` and `train` alike: the named planner
+    with the named performance model (`auto`: the shipped measured profile where one exists)."""
+    from mosaic.perf import make_perf_model
+
+    perf = perf_model if isinstance(perf_model, PerfModel) else make_perf_model(
+        perf_model, cluster, preset=graph.preset)
+    return get_planner(planner)(graph, cluster, perf)

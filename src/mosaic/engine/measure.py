@@ -1,0 +1,456 @@
+"""Measure several plans of one model, and the user's own program, in one process, fairly.
+
+Every contender trains the SAME modules (one set of weights, one optimizer) on the same batch,
+so a speedup is a ratio of two runs in one process, same model, batch, hardware and run. The
+contenders are each plan (through `RankSession`, exactly as `mosaic train` runs it) and the
+programs a user would otherwise write (`UserProgram`: eager, and `torch.compile` per module
+with `mode="reduce-overhead"`, DDP across GPUs). Contenders are interleaved in rounds whose
+order rotates, so clock or thermal drift cannot favour one.
+
+Before timing, every contender must compute the same thing: its loss at identical weights
+equals the reference's, and so does every module's gradient, within a tolerance measured in
+the same run (the two user programs, eager and compiled, are the same math in different
+kernels: their gradient difference is the noise floor). A plan that drops or scales a
+module's gradients is refused, not measured.
+
+One process per GPU: run under `torchrun --nproc-per-node N` for N-GPU plans (gloo on CPU for a
+logic check, NCCL on GPUs). A step's time is the slowest rank's.
+"""
+
+from __future__ import annotations
+
+import datetime
+import math
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from mosaic.engine.compile import CompileReport, compile_fn, compile_modules
+from mosaic.engine.session import (
+    Dist,
+    EngineConfig,
+    RankSession,
+    build_modules,
+    local_modules,
+    make_batch,
+    make_optimizer,
+    start_distributed,
+)
+from mosaic.engine.timer import Timer
+from mosaic.engine.user_program import UserProgram
+from mosaic.errors import MosaicError
+from mosaic.graph import MMGraph
+from mosaic.hardware import GPUSpec
+from mosaic.plan import Plan
+
+LOSS_TOLERANCE = 3e-2
+"""Relative loss agreement between contenders under bf16 autocast (kernels differ per SM count)."""
+GRAD_TOLERANCE_MIN = 1e-3
+"""Floor of the gradient tolerance: fp32 on CPU agrees to ~1e-6, so this only guards noise."""
+GRAD_TOLERANCE_FACTOR = 4.0
+"""Tolerance = this x the measured eager-vs-compiled gradient difference (the noise floor)."""
+GRAD_TOLERANCE_MAX = 0.2
+"""A module whose gradients are dropped differs by 1.0: never tolerate that much."""
+USER_PROGRAMS = {"torch-eager": None, "torch-compile": "reduce-overhead"}
+"""The user's own program, by label: its torch.compile mode (None = eager)."""
+BASELINES = ("megatron", "distmm", "spindle")
+
+
+class BenchError(MosaicError):
+    """A benchmark that cannot run as asked; the message says the fix."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class BenchConfig:
+    rounds: int = 6
+    steps_per_round: int = 5
+    warmup_steps: int = 5
+    engine: EngineConfig = field(default_factory=lambda: EngineConfig(graphs=True))
+    """How every plan runs (CUDA graphs on by default: eager PyTorch is launch-bound)."""
+    user_programs: tuple[str, ...] = tuple(USER_PROGRAMS)
+    """The user's own programs to measure beside the plans (empty: plans only)."""
+    check_gradients: bool = True
+    lr: float = 1e-5
+    seed: int = 0
+    nvml_seconds: float = 1.0
+    """Seconds of extra steps per contender while NVML samples GPU utilisation (0: skip)."""
+
+    def __post_init__(self) -> None:
+        for name in ("rounds", "steps_per_round"):
+            if getattr(self, name) < 1:
+                raise BenchError(f"{name}={getattr(self, name)} must be >= 1")
+        unknown = set(self.user_programs) - set(USER_PROGRAMS)
+        if unknown:
+            raise BenchError(f"user_programs {sorted(unknown)}; choose from {list(USER_PROGRAMS)}")
+
+
+@dataclass(slots=True)
+class PlanMeasurement:
+    label: str
+    plan: Plan | None
+    """None for a user program (it has no plan)."""
+    step_times_s: list[float] = field(default_factory=list)
+    pool: dict[str, Any] = field(default_factory=dict)
+    timeline: list[dict[str, Any]] = field(default_factory=list)
+    gpu_util: float | None = None
+    grad_error: dict[str, float] = field(default_factory=dict)
+    """Per module: relative gradient difference from the reference at identical weights."""
+
+    @property
+    def median_s(self) -> float:
+        return float(np.median(self.step_times_s))
+
+    def summary(self) -> dict[str, Any]:
+        t = np.array(self.step_times_s)
+        return {
+            "median_s": float(np.median(t)), "p10_s": float(np.percentile(t, 10)),
+            "p90_s": float(np.percentile(t, 90)),
+            "spread_s": float(np.percentile(t, 90) - np.percentile(t, 10)),
+            "num_steps": len(t), "quotas_enforced": bool(self.pool.get("enforced")),
+            "pool_backend": self.pool.get("backend", "-"), "measured_gpu_util": self.gpu_util,
+            "max_grad_error": max(self.grad_error.values(), default=None),
+        }
+
+
+# --- contenders: one step function per plan or user program -----------------------------------
+@dataclass(slots=True)
+class _Contender:
+    label: str
+    step: Callable[[], torch.Tensor]
+    """Forward + backward on this contender's data; returns this rank's loss share."""
+    params: list[nn.Parameter]
+    """Parameters whose gradients this contender produces on this rank."""
+    data: Any = None
+    """This rank's samples (they depend on the placement)."""
+    session: RankSession | None = None
+    program: UserProgram | None = None
+
+
+@dataclass(slots=True)
+class _Setup:
+    dist: Dist
+    contenders: dict[str, _Contender]
+    optimizer: torch.optim.Optimizer | None
+    params: list[nn.Parameter]
+    modules: dict[str, nn.Module]
+    compiled: CompileReport
+    timer: Timer
+    batch: dict[str, tuple[torch.Tensor, ...]]
+    graph: MMGraph
+    engine: EngineConfig
+
+    @property
+    def device(self) -> torch.device:
+        return self.dist.device
+
+
+def _plan_contender(label: str, session: RankSession, batch: dict) -> _Contender:
+    data = session.local_batch(batch)
+    return _Contender(label, lambda: session.step(data).loss, session.parameters(), data,
+                      session=session)
+
+
+def _user_contender(label: str, program: UserProgram, batch: dict) -> _Contender:
+    data = program.local_batch(batch)
+    return _Contender(label, lambda: program.step(data), program.parameters(), data,
+                      program=program)
+
+
+def _setup(model, preset: str, graph: MMGraph, plans: dict[str, Plan], gpu: GPUSpec,
+           config: BenchConfig) -> _Setup:
+    d = start_distributed(None)
+    for label, plan in plans.items():
+        if plan.num_gpus != d.world_size:
+            raise BenchError(f"plan {label!r} uses {plan.num_gpus} GPUs but {d.world_size} "
+                             f"process(es) run: launch `torchrun --standalone --nproc-per-node "
+                             f"{plan.num_gpus} -m mosaic bench ...`")
+    # A user program holds the whole model on every rank, as DDP does.
+    names = graph.names if config.user_programs else local_modules(list(plans.values()), d.rank)
+    modules = build_modules(model, preset, names, config.seed, d.device)
+    engine = config.engine if d.device.type == "cuda" else replace(config.engine, graphs=False)
+    views, compiled = compile_modules(modules, engine.compile)
+    batch = make_batch(model, preset, graph.global_batch, config.seed, 0)
+    contenders: dict[str, _Contender] = {}
+    try:
+        for label, plan in plans.items():
+            session = RankSession.create(plan, graph, modules, d, gpu, engine, views=views)
+            contenders[label] = _plan_contender(label, session, batch)
+    except BaseException:
+        _close(contenders)
+        raise
+    params = [p for m in modules.values() for p in m.parameters()]
+    optimizer = make_optimizer("adamw", params, config.lr) if params else None
+    return _Setup(d, contenders, optimizer, params, modules, compiled, Timer(d.device), batch,
+                  graph, engine)
+
+
+def _add_user_programs(s: _Setup, config: BenchConfig) -> None:
+    """After the plans' CUDA-graph capture: a DDP built earlier keeps each parameter's
+    gradient accumulator on the main (legacy) stream, and capturing a backward that reaches
+    it then fails on the H200 ("operation would make the legacy stream depend on a capturing
+    blocking stream")."""
+    for label in config.user_programs:
+        program = UserProgram(graph=s.graph, modules=s.modules, compile_mode=USER_PROGRAMS[label],
+                              device=s.device, amp=s.engine.amp, compile_fn=compile_fn(s.compiled))
+        s.contenders[label] = _user_contender(label, program, s.batch)
+
+
+def _close(contenders: dict[str, _Contender]) -> None:
+    for c in contenders.values():
+        if c.session is not None:
+            c.session.close()
+
+
+def _zero_grads(s: _Setup) -> None:
+    for p in s.params:
+        p.grad = None
+
+
+def _world_sum(values: list[float], device: torch.device, op: str = "sum") -> list[float]:
+    """Reduce a few floats over the whole world (host sync: outside timed regions)."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return values
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM)
+    return [float(v) for v in t.tolist()]
+
+
+# --- equivalence: losses and gradients at identical weights ------------------------------------
+def _losses(s: _Setup) -> dict[str, float]:
+    """Every contender's loss at the current (identical) weights, summed over ranks; no update."""
+    losses = {}
+    for label, c in s.contenders.items():
+        _zero_grads(s)
+        (losses[label],) = _world_sum([float(c.step().item())], s.device)
+    _zero_grads(s)
+    return losses
+
+
+def _check_losses(when: str, losses: dict[str, float]) -> None:
+    first, ref = next(iter(losses.items()))
+    for label, value in losses.items():
+        if not math.isfinite(value) or abs(value - ref) > LOSS_TOLERANCE * max(1.0, abs(ref)):
+            raise BenchError(f"{when}: {label!r} gives loss {value:.5f} but {first!r} gives "
+                             f"{ref:.5f} at the same weights; it computes something else")
+
+
+def _module_grads(s: _Setup, c: _Contender) -> dict[str, torch.Tensor]:
+    """One flat fp32 gradient per module this contender trains on this rank (zeros where a
+    parameter got none), after one forward and backward at the current weights."""
+    _zero_grads(s)
+    c.step()
+    held = {id(p) for p in c.params}
+    grads = {}
+    for name, module in s.modules.items():
+        params = [p for p in module.parameters() if id(p) in held]
+        if params:
+            grads[name] = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p))
+                                     .detach().float().reshape(-1) for p in params])
+    _zero_grads(s)
+    return grads
+
+
+def _relative_errors(grads: dict[str, torch.Tensor], ref: dict[str, torch.Tensor],
+                     names: list[str], device: torch.device) -> dict[str, float]:
+    """Per module ||g - g_ref|| / ||g_ref||, the worst over the ranks that hold it."""
+    local = []
+    for name in names:
+        if name in grads and name in ref:
+            norm = float(ref[name].norm())
+            diff = float((grads[name] - ref[name]).norm())
+            local.append(diff / norm if norm > 0 else diff)
+        else:
+            local.append(-1.0)  # not held here: the MAX over ranks ignores it
+    worst = _world_sum(local, device, op="max")
+    return {n: e for n, e in zip(names, worst, strict=True) if e >= 0}
+
+
+def _check_gradients(s: _Setup, names: list[str]) -> tuple[dict[str, dict[str, float]], dict]:
+    """Gradient error of every contender against the reference, and the tolerance used."""
+    labels = list(s.contenders)
+    reference = "torch-eager" if "torch-eager" in labels else labels[0]
+    ref = _module_grads(s, s.contenders[reference])
+    errors = {label: _relative_errors(_module_grads(s, s.contenders[label]), ref, names, s.device)
+              for label in labels}
+    floor = max(errors["torch-compile"].values(), default=0.0) if "torch-compile" in errors \
+        else None
+    assumed = 0.0 if s.device.type == "cpu" else LOSS_TOLERANCE / GRAD_TOLERANCE_FACTOR
+    tolerance = min(GRAD_TOLERANCE_MAX, max(GRAD_TOLERANCE_MIN, GRAD_TOLERANCE_FACTOR
+                                            * (assumed if floor is None else floor)))
+    for label, per_module in errors.items():
+        bad = {m: e for m, e in per_module.items() if not e <= tolerance}
+        if bad:
+            worst = max(bad, key=bad.get)
+            raise BenchError(f"{label!r}: the gradient of module {worst!r} differs from "
+                             f"{reference!r}'s by {bad[worst]:.3g} (relative; tolerance "
+                             f"{tolerance:.3g}) at the same weights; it computes something else")
+    return errors, {"reference": reference, "noise_floor": floor, "tolerance": tolerance}
+
+
+# --- timing ------------------------------------------------------------------------------------
+def _one_step(s: _Setup, c: _Contender) -> float:
+    """Seconds of one training step on the slowest rank."""
+    _zero_grads(s)
+    start = s.timer.mark()
+    loss = c.step()
+    if s.optimizer is not None:
+        s.optimizer.step()
+    seconds = s.timer.seconds(start, s.timer.mark())
+    if not math.isfinite(loss.item()):
+        raise BenchError(f"{c.label!r}: loss became non-finite; lower --lr")
+    (slowest,) = _world_sum([seconds], s.device, op="max")
+    return slowest
+
+
+def _timed_rounds(s: _Setup, config: BenchConfig) -> dict[str, list[float]]:
+    labels = list(s.contenders)
+    for label in labels:
+        for _ in range(config.warmup_steps):
+            _one_step(s, s.contenders[label])
+    times: dict[str, list[float]] = {label: [] for label in labels}
+    for r in range(config.rounds):
+        for label in labels[r % len(labels):] + labels[:r % len(labels)]:
+            c = s.contenders[label]
+            times[label].extend(_one_step(s, c) for _ in range(config.steps_per_round))
+    return times
+
+
+def _timeline(s: _Setup, c: _Contender) -> list[dict[str, Any]]:
+    """One step's module timeline of a plan, every rank's events gathered (in memory only)."""
+    if c.session is None:
+        return []
+    runner = c.session.runner
+    runner.record_timeline = True
+    try:
+        _zero_grads(s)
+        out = c.session.step(c.data)
+        if s.optimizer is not None:
+            s.optimizer.step()
+        events = runner.timeline(out)
+    finally:
+        runner.record_timeline = False
+    if s.dist.world_size > 1:
+        gathered: list[Any] = [None] * s.dist.world_size
+        dist.all_gather_object(gathered, events)
+        events = [e for part in gathered for e in part]
+    return events
+
+
+def _nvml_util(s: _Setup, c: _Contender, seconds: float) -> float | None:
+    """Mean NVML GPU utilisation over the GPUs while only this contender runs (per device, not
+    per SM). Every rank runs the same number of steps, so collectives stay matched."""
+    if s.device.type != "cuda" or seconds <= 0:
+        return None
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        handle = pynvml.nvmlDeviceGetHandleByIndex(torch.cuda.current_device())
+    except Exception:  # NVML is optional: no library, no permission
+        return None
+    samples: list[float] = []
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.is_set():
+            samples.append(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu)
+            time.sleep(0.02)
+
+    thread = threading.Thread(target=sample, daemon=True)
+    thread.start()
+    (steps,) = _world_sum([max(1.0, round(seconds / max(1e-4, _one_step(s, c))))], s.device, "max")
+    for _ in range(int(steps)):
+        _one_step(s, c)
+    stop.set()
+    thread.join()
+    pynvml.nvmlShutdown()
+    mean = float(np.mean(samples)) / 100 if samples else 0.0
+    (total,) = _world_sum([mean], s.device)
+    return total / s.dist.world_size
+
+
+# --- the whole measurement -----------------------------------------------------------------------
+def measure_plans(model, preset: str, graph: MMGraph, plans: dict[str, Plan], gpu: GPUSpec,
+                  config: BenchConfig | None = None) -> tuple[list[PlanMeasurement], dict[str, Any]]:
+    """Time every plan and user program on this machine's GPU (or CPU), interleaved; see the
+    module docstring. Returns the measurements and the checks made (tolerances, compile)."""
+    config = config or BenchConfig()
+    s = _setup(model, preset, graph, plans, gpu, config)
+    try:
+        _check_losses("eager", _losses(s))
+        for c in s.contenders.values():
+            c.session.capture_graphs()
+        _add_user_programs(s, config)
+        checks: dict[str, Any] = {"compile": s.compiled.to_dict()}
+        errors: dict[str, dict[str, float]] = {}
+        if config.check_gradients:
+            errors, checks["gradients"] = _check_gradients(s, graph.names)
+        _check_losses("after compile and CUDA-graph capture", _losses(s))
+        times = _timed_rounds(s, config)
+        results = []
+        for label, c in s.contenders.items():
+            results.append(PlanMeasurement(
+                label=label, plan=plans.get(label), step_times_s=times[label],
+                pool=c.session.pool.describe() if c.session else {},
+                timeline=_timeline(s, c), gpu_util=_nvml_util(s, c, config.nvml_seconds),
+                grad_error=errors.get(label, {})))
+        return results, checks
+    finally:
+        _close(s.contenders)
+        if s.dist.owns_group:
+            dist.destroy_process_group()
+
+
+def environment(device_name: str | None = None) -> dict[str, Any]:
+    cuda = torch.cuda.is_available()
+    return {
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "command": " ".join(sys.argv),
+        "hardware": device_name or (torch.cuda.get_device_name(0) if cuda else "cpu"),
+        "num_sms": torch.cuda.get_device_properties(0).multi_processor_count if cuda else None,
+        "torch": torch.__version__, "cuda": torch.version.cuda,
+        "python": sys.version.split()[0],
+    }
+
+
+def bench_report(graph: MMGraph, measurements: list[PlanMeasurement], gpu: GPUSpec,
+                 preset: str, num_gpus: int) -> dict[str, Any]:
+    """The results object of `mosaic bench` (keys documented in docs/benchmarks.md)."""
+    medians = {m.label: m.median_s for m in measurements}
+    flops = graph.total_flops()
+    rows = []
+    for m in measurements:
+        predicted = m.plan.predicted_iteration_s if m.plan else None
+        row = {"planner": m.label, "measured_iteration_s": m.median_s, **m.summary(),
+               "predicted_iteration_s": predicted,
+               "samples_per_s": graph.global_batch / m.median_s,
+               "mfu": flops / (num_gpus * gpu.datasheet_bf16_flops * m.median_s),
+               "mfu_vs_measured_peak": flops / (num_gpus * gpu.peak_bf16_flops * m.median_s),
+               "speedup_vs": {b: medians[b] / m.median_s
+                              for b in (*BASELINES, *USER_PROGRAMS) if b in medians},
+               "grad_error": m.grad_error,
+               "plan": m.plan.to_dict() if m.plan else None}
+        if predicted:
+            row["prediction_error"] = predicted / m.median_s - 1
+        rows.append(row)
+    baselines = [medians[b] for b in BASELINES if b in medians]
+    best = min(baselines) if baselines else None
+    mosaic = medians.get("mosaic")
+    return {
+        "model": graph.name, "preset": preset, "global_batch": graph.global_batch,
+        "gpus": num_gpus, **environment(),
+        "model_tflop_per_iteration": flops / 1e12,
+        "best_baseline_s": best,
+        "mosaic_speedup_vs_best_baseline": best / mosaic if best and mosaic else None,
+        "mosaic_speedup_vs_torch_compile": (medians["torch-compile"] / mosaic
+                                            if mosaic and "torch-compile" in medians else None),
+        "results": rows,
+    }
