@@ -178,7 +178,7 @@ def test_profiler_orchestration_on_a_fake_gpu(tmp_path, monkeypatch):
     from mosaic.perf.accuracy import model_error
     from mosaic.perf.profiled import ProfiledModel
     from mosaic.profile import profiler
-    from mosaic.profile.bench import Timing
+    from mosaic.profile.graph_timing import Timing
 
     class FakeGraph:
         def __init__(self, bench):

@@ -19,7 +19,7 @@ Stages (vidur-style, each testable on its own):
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -41,11 +41,14 @@ from mosaic.perf.interference import (
     module_bytes,
 )
 from mosaic.profile.db import (
+    COMM_KINDS,
+    P2P_KINDS,
     ColocPoint,
     FitRecord,
     ModulePoint,
     ProfileDB,
     ProfileDBError,
+    comm_bus_factor,
     default_db_path,
     module_signature,
 )
@@ -156,6 +159,31 @@ def sm_grid(gpu: GPUSpec) -> np.ndarray:
     return np.array(sorted(set(grid) | {gpu.num_sms}), dtype=float)
 
 
+class LazySurfaces(Mapping[str, Surface]):
+    """Signature -> Surface, each fitted on first use. A plan touches a few of the DB's modules,
+    and fitting all of them up front (least squares from three starts each) cost over a second
+    of every `mosaic plan`; membership and len answer from the points, without fitting."""
+
+    def __init__(self, points: dict[str, list[ModulePoint]], full_sms: float) -> None:
+        self._points = {sig: pts for sig, pts in points.items() if pts}
+        self._full_sms = full_sms
+        self._fitted: dict[str, Surface] = {}
+
+    def __getitem__(self, sig: str) -> Surface:
+        if sig not in self._fitted:
+            self._fitted[sig] = fit_surface(self._points[sig], self._full_sms)
+        return self._fitted[sig]
+
+    def __contains__(self, sig: object) -> bool:
+        return sig in self._points
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._points)
+
+    def __len__(self) -> int:
+        return len(self._points)
+
+
 class SurfaceSet:
     """Scaling surfaces by module signature, with the calibrated analytic fallback."""
 
@@ -166,7 +194,7 @@ class SurfaceSet:
         self.analytic = AnalyticModel(cluster)
         self.specs = specs
         self.points = points
-        self.surfaces = {sig: fit_surface(pts, self.gpu.num_sms) for sig, pts in points.items() if pts}
+        self.surfaces = LazySurfaces(points, self.gpu.num_sms)
         self.sensitivity = sensitivity
         # Modules without an antagonist run: the median sensitivity (None: none measured).
         self.default_sensitivity = float(np.median(list(sensitivity.values()))) if sensitivity else None
@@ -301,7 +329,7 @@ class ProfiledModel(PerfModel):
         err_s = f", held-out coloc MAPE {err:.1f}%" if err is not None else ""
         return (f"profiled ({self.db_path.name}: {len(s.surfaces)} measured modules; "
                 f"interference={p.variant} [{coef}], {fitted}{err_s}; modules not in the DB: "
-                f"analytic x {s.calibration:.3g} per-GPU calibration)")
+                f"analytic x {s.calibration:.3g} per-GPU calibration; {self.comm_summary()})")
 
     def module_time_s(self, module: ModuleSpec, per_gpu_batch: int, sm_share: float = 1.0) -> float:
         return self.surfaces.time_s(module, per_gpu_batch, self.cluster.gpu.round_sms(sm_share))
@@ -317,18 +345,91 @@ class ProfiledModel(PerfModel):
             return sum(self.module_time_s(w.module, w.per_gpu_batch, 1.0) for w in works)
         return group_time_s(self.params, self.coworks(works, sharing), sharing)
 
+    # --- communication: measured curves, ring-scaled to other GPU counts, else analytic -------
     def allreduce_s(self, num_bytes: float, gpus: Sequence[int]) -> float:
-        curve = self._comm.get(("allreduce", len(gpus)))
-        if curve is None or num_bytes <= 0:
-            return super().allreduce_s(num_bytes, gpus)
-        return _loglog(curve, num_bytes)
+        return self._comm_s("allreduce", num_bytes, list(gpus))[0]
 
     def transfer_s(self, num_bytes: float, src_gpus: Sequence[int], dst_gpus: Sequence[int]) -> float:
-        curve = self._comm.get(("p2p", 2))
-        if curve is None or num_bytes <= 0 or list(src_gpus) == list(dst_gpus):
+        if num_bytes <= 0 or list(src_gpus) == list(dst_gpus):
+            return 0.0
+        gpus = [*src_gpus, *dst_gpus]
+        if self.comm_source("p2p", 2, cross_node=self._spans_nodes(gpus)) != "measured":
             return super().transfer_s(num_bytes, src_gpus, dst_gpus)
+        # `lanes` GPU pairs each move their share at once, over their own NVLink ports.
         lanes = min(len(src_gpus), len(dst_gpus))
-        return _loglog(curve, num_bytes / lanes)
+        return _interp_s(self._comm[("p2p", 2)], num_bytes / lanes)
+
+    def comm_time(self, kind: str, num_bytes: float, num_gpus: int) -> tuple[float, str]:
+        """(seconds, source) of one `kind` op (db.COMM_KINDS says what `num_bytes` counts) over
+        `num_gpus` GPUs filling nodes in order. source: 'measured' (the DB's curve for this kind
+        and GPU count), 'extrapolated' (another count's curve, ring-scaled) or 'analytic' (the
+        link model: no curve for the kind, or the group spans nodes, where NVLink curves lie)."""
+        return self._comm_s(kind, num_bytes, list(range(num_gpus)))
+
+    def comm_source(self, kind: str, num_gpus: int, *, cross_node: bool = False) -> str:
+        """Where comm_time's number for `kind` over `num_gpus` GPUs comes from."""
+        _check_comm(kind, num_gpus)
+        if num_gpus <= 1 or cross_node:
+            return "analytic"
+        if (kind, num_gpus) in self._comm:
+            return "measured"
+        if kind not in P2P_KINDS and self._measured_counts(kind):
+            return "extrapolated"
+        return "analytic"
+
+    def _comm_s(self, kind: str, num_bytes: float, gpus: list[int]) -> tuple[float, str]:
+        n = len(gpus)
+        source = self.comm_source(kind, n, cross_node=self._spans_nodes(gpus))
+        if n <= 1 or num_bytes <= 0:
+            return 0.0, source
+        if source == "analytic":
+            return self._analytic_comm_s(kind, num_bytes, gpus), source
+        # Same bus bandwidth as the measured count: n GPUs move bus_factor(n) / bus_factor(n0)
+        # as many bytes per link (ring all-reduce 2(n-1)/n, reduce-scatter/all-gather (n-1)/n).
+        n0 = n if source == "measured" else self._nearest_count(kind, n)
+        scale = comm_bus_factor(kind, n) / comm_bus_factor(kind, n0)
+        return _interp_s(self._comm[(kind, n0)], num_bytes * scale), source
+
+    def _analytic_comm_s(self, kind: str, num_bytes: float, gpus: list[int]) -> float:
+        """PerfModel's link model for all-reduce and p2p (a full-duplex link moves both ways
+        at once); reduce-scatter / all-gather / broadcast in the same ring form, n-1 steps."""
+        if kind == "allreduce":
+            return super().allreduce_s(num_bytes, gpus)
+        if kind in P2P_KINDS:
+            return super().transfer_s(num_bytes, gpus[:1], gpus[1:])
+        n = len(gpus)
+        latency_s = (n - 1) * self.cluster.collective_latency_s / 4
+        return latency_s + comm_bus_factor(kind, n) * num_bytes / self.cluster.link_bandwidth_bps(gpus)
+
+    def _measured_counts(self, kind: str) -> list[int]:
+        return sorted(n for k, n in self._comm if k == kind)
+
+    def _nearest_count(self, kind: str, num_gpus: int) -> int:
+        """The measured GPU count to scale from: the largest at most num_gpus, else the least."""
+        counts = self._measured_counts(kind)
+        below = [n for n in counts if n <= num_gpus]
+        return below[-1] if below else counts[0]
+
+    def _spans_nodes(self, gpus: Sequence[int]) -> bool:
+        return len({self.cluster.node_of(g) for g in gpus}) > 1
+
+    def comm_summary(self) -> str:
+        """Which comm curves are measured, extrapolated or analytic on this cluster."""
+        top = min(self.cluster.num_gpus, self.cluster.gpus_per_node)
+        parts, analytic = [], []
+        for kind in COMM_KINDS:
+            measured = self._measured_counts(kind)
+            if not measured:
+                analytic.append(kind)
+                continue
+            extra = [] if kind in P2P_KINDS else [n for n in range(2, top + 1) if n not in measured]
+            parts.append(f"{kind} measured n={_counts(measured)}"
+                         + (f", extrapolated n={_counts(extra)}" if extra else ""))
+        if not parts:
+            return "comm: analytic (no measured curves)"
+        tail = f"; analytic: {', '.join(analytic)}" if analytic else ""
+        across = "; analytic across nodes" if self.cluster.num_nodes > 1 else ""
+        return f"comm: {'; '.join(parts)}{tail}{across}"
 
 
 def _stored_params(fit: FitRecord | None, variant: str) -> InterferenceParams | None:
@@ -355,17 +456,55 @@ def _open(db: ProfileDB | str | Path | None, cluster: ClusterSpec) -> ProfileDB:
 
 
 def _comm_curves(db: ProfileDB) -> dict[tuple[str, int], np.ndarray]:
-    """Measured (never analytic) comm curves: (kind, num_gpus) -> [[bytes, seconds], ...]."""
-    curves: dict[tuple[str, int], list[tuple[float, float]]] = {}
+    """Measured (never analytic) comm curves: (kind, num_gpus) -> [[bytes, seconds], ...],
+    bytes ascending, repeated sizes by their median, times made non-decreasing (a larger
+    message is never faster; a noisy dip would bend the interpolation)."""
+    rows: dict[tuple[str, int], dict[float, list[float]]] = {}
     for p in db.comm():
         if p.source == "measured" and p.num_bytes > 0 and p.time_s > 0:
-            curves.setdefault((p.kind, p.num_gpus), []).append((p.num_bytes, p.time_s))
-    return {key: np.array(sorted(v)) for key, v in curves.items() if len(v) >= 2}
+            rows.setdefault((p.kind, p.num_gpus), {}).setdefault(p.num_bytes, []).append(p.time_s)
+    curves = {}
+    for key, by_size in rows.items():
+        if len(by_size) >= 2:
+            x = np.array(sorted(by_size))
+            t = np.maximum.accumulate([float(np.median(by_size[b])) for b in x])
+            curves[key] = np.column_stack([x, t])
+    return curves
 
 
-def _loglog(curve: np.ndarray, num_bytes: float) -> float:
-    x, y = np.log(curve[:, 0]), np.log(curve[:, 1])
-    lx = np.log(num_bytes)
-    if lx > x[-1]:  # beyond the largest message: bandwidth-bound, linear in bytes
-        return float(curve[-1, 1] * num_bytes / curve[-1, 0])
-    return float(np.exp(np.interp(lx, x, y)))
+def _interp_s(curve: np.ndarray, num_bytes: float) -> float:
+    """Log-log interpolation between measured sizes; outside them, the latency + bytes /
+    bandwidth line through the two end points (exact for t = a + x / B)."""
+    x, t = curve[:, 0], curve[:, 1]
+    if num_bytes > x[-1]:
+        dt = t[-1] - t[-2]
+        # a flat end pair (noise made monotone) has no slope: the largest message's rate
+        bandwidth = (x[-1] - x[-2]) / dt if dt > 0 else x[-1] / t[-1]
+        return float(t[-1] + (num_bytes - x[-1]) / bandwidth)
+    if num_bytes < x[0]:
+        dt = t[1] - t[0]
+        if dt <= 0:  # latency-bound: as fast as the smallest message
+            return float(t[0])
+        line = t[0] - (x[0] - num_bytes) * dt / (x[1] - x[0])
+        # a line with a negative intercept would reach 0 s: not below proportional-to-bytes
+        return float(max(line, t[0] * num_bytes / x[0]))
+    return float(np.exp(np.interp(np.log(num_bytes), np.log(x), np.log(t))))
+
+
+def _check_comm(kind: str, num_gpus: int) -> None:
+    if kind not in COMM_KINDS:
+        raise ValueError(f"unknown comm kind {kind!r}; choose one of {COMM_KINDS}")
+    if kind in P2P_KINDS and num_gpus != 2:
+        raise ValueError(f"{kind} is between 2 GPUs, not {num_gpus}; for several pairs at once "
+                         "use transfer_s(num_bytes, src_gpus, dst_gpus)")
+
+
+def _counts(ns: Sequence[int]) -> str:
+    """[2] -> '2', [2, 4] -> '2,4', [3, 4, 5, 6] -> '3-6'."""
+    runs: list[list[int]] = []
+    for n in ns:
+        if runs and n == runs[-1][-1] + 1:
+            runs[-1].append(n)
+        else:
+            runs.append([n])
+    return ",".join(f"{r[0]}-{r[-1]}" if len(r) > 2 else ",".join(map(str, r)) for r in runs)

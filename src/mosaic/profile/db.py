@@ -4,7 +4,8 @@ One SQLite file per GPU kind (stdlib `sqlite3`, no pickle). The profiler is the 
 the performance model opens it read-only. Schema (SCHEMA_VERSION 1):
 
 - `meta(key, value)`: schema_version, hardware, num_sms, torch/cuda/driver versions, date,
-  git_sha, config (the profiler's config as JSON).
+  git_sha, config (the profiler's config as JSON); `comm_topology.<n>` (JSON): how the n-GPU
+  comm curves were measured (GPU, NCCL version and env, `nvidia-smi topo -m`; collectives.py).
 - `modules(model, preset, module, signature, spec_json)`: every profiled module, with the
   ModuleSpec it was profiled as. Modules with identical cost facts share a `signature` and
   are measured once (symmetry pruning).
@@ -17,7 +18,8 @@ the performance model opens it read-only. Schema (SCHEMA_VERSION 1):
   time_s}: per-module time alone on the same stream and inside the colocation.
 - `signatures(signature, per_gpu_batch, num_sms, antagonist_sms, alone_s, with_antagonist_s,
   bytes_per_s, method)`: each module's bandwidth behaviour (see profiler.py).
-- `comm(kind, num_gpus, num_bytes, time_s, source)`: allreduce | p2p, measured | analytic.
+- `comm(kind, num_gpus, num_bytes, time_s, source)`: kind in COMM_KINDS (allreduce,
+  reduce_scatter, all_gather, broadcast, p2p, p2p_bidir), source measured | analytic.
 - `fits(name, params_json, mape, n_points, created)`: fitted models and their held-out error.
 """
 
@@ -31,9 +33,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from mosaic.errors import MosaicError
 from mosaic.graph import ModuleSpec
 
 SCHEMA_VERSION = 1
+TOPOLOGY_KEY = "comm_topology"
 DATA_DIR = Path(__file__).parent / "data"
 FIX = "re-run `python benchmarks/profile_h200.py --db PATH` on the GPU (or pass another --db)"
 
@@ -67,7 +71,7 @@ CREATE TABLE fits (
 """
 
 
-class ProfileDBError(ValueError):
+class ProfileDBError(MosaicError):
     """A profile DB that cannot be used; the message names the path and the fix."""
 
 
@@ -137,10 +141,35 @@ class SignaturePoint:
 @dataclass(frozen=True, kw_only=True, slots=True)
 class CommPoint:
     kind: str
+    """One of COMM_KINDS; what `num_bytes` counts depends on it (see COMM_KINDS)."""
     num_gpus: int
     num_bytes: float
     time_s: float
     source: str
+    """'measured' or 'analytic' (COMM_SOURCES)."""
+
+
+COMM_KINDS = ("allreduce", "reduce_scatter", "all_gather", "broadcast", "p2p", "p2p_bidir")
+"""What `num_bytes` is, per kind (n = num_gpus):
+allreduce: the tensor every rank reduces; reduce_scatter: each rank's whole input (it keeps
+num_bytes / n); all_gather: the gathered output (each rank gives num_bytes / n); broadcast: the
+tensor sent from one rank to all; p2p: sent from one GPU to another (n = 2); p2p_bidir: sent
+each way at once between two GPUs (n = 2)."""
+P2P_KINDS = ("p2p", "p2p_bidir")
+COMM_SOURCES = ("measured", "analytic")
+
+
+def comm_bus_factor(kind: str, num_gpus: int) -> float:
+    """Bytes the busiest link of a ring carries per byte of `num_bytes`: all-reduce
+    2(n-1)/n, reduce-scatter and all-gather (n-1)/n, broadcast and p2p 1 (nccl-tests' busbw)."""
+    n = num_gpus
+    if kind == "allreduce":
+        return 2.0 * (n - 1) / n
+    if kind in ("reduce_scatter", "all_gather"):
+        return (n - 1) / n
+    if kind in ("broadcast", *P2P_KINDS):
+        return 1.0
+    raise ValueError(f"unknown comm kind {kind!r}; choose one of {COMM_KINDS}")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -299,9 +328,23 @@ class ProfileDB:
                     [(point.signature, point.per_gpu_batch, point.num_sms, point.antagonist_sms,
                       point.alone_s, point.with_antagonist_s, point.bytes_per_s, point.method)])
 
-    def add_comm(self, points: list[CommPoint]) -> None:
+    def add_comm(self, points: list[CommPoint], *, replace: bool = False) -> None:
+        """Append comm rows; `replace` first drops the stored rows of each (kind, num_gpus,
+        source) given, so a re-measured curve replaces the old one instead of mixing with it."""
+        bad = [(p.kind, p.source) for p in points
+               if p.kind not in COMM_KINDS or p.source not in COMM_SOURCES]
+        if bad:
+            raise ProfileDBError(f"comm rows {sorted(set(bad))}: kind must be one of {COMM_KINDS}"
+                                 f" and source one of {COMM_SOURCES}")
+        if replace:
+            keys = sorted({(p.kind, p.num_gpus, p.source) for p in points})
+            self._write("DELETE FROM comm WHERE kind = ? AND num_gpus = ? AND source = ?", keys)
         self._write("INSERT INTO comm VALUES (?, ?, ?, ?, ?)",
                     [(p.kind, p.num_gpus, p.num_bytes, p.time_s, p.source) for p in points])
+
+    def set_topology(self, num_gpus: int, info: dict[str, Any]) -> None:
+        """How the `num_gpus`-GPU comm curves were measured (meta `comm_topology.<n>`)."""
+        self.set_meta(f"{TOPOLOGY_KEY}.{int(num_gpus)}", json.dumps(info, sort_keys=True))
 
     def add_fit(self, fit: FitRecord) -> None:
         self._write("INSERT OR REPLACE INTO fits VALUES (?, ?, ?, ?, ?)",
@@ -342,6 +385,15 @@ class ProfileDB:
         pts = [CommPoint(kind=r[0], num_gpus=r[1], num_bytes=r[2], time_s=r[3], source=r[4])
                for r in rows]
         return [p for p in pts if kind is None or p.kind == kind]
+
+    def topology(self) -> dict[int, dict[str, Any]]:
+        """num_gpus -> what set_topology stored for that GPU count ({} if never measured)."""
+        out = {}
+        for key, value in self.meta.items():
+            prefix, _, n = key.partition(".")
+            if prefix == TOPOLOGY_KEY and n.isdigit():
+                out[int(n)] = json.loads(value)
+        return dict(sorted(out.items()))
 
     def fits(self) -> list[FitRecord]:
         rows = self.conn.execute("SELECT * FROM fits ORDER BY name").fetchall()
