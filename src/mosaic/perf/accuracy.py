@@ -8,16 +8,20 @@
   end from the surfaces, as the planner would. Surfaces never see colocation data.
 - Reference rows: the analytic model as is, and times the DB's calibration factor (the
   profiled model's fallback for modules missing from the DB; calibrated on all points).
+- Whole iterations (`iteration_error`): every plan row of `mosaic bench` results JSON, the
+  plan's predicted iteration time against its measured median, gated against the targets.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import json
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from mosaic.errors import MosaicError
 from mosaic.hardware import ClusterSpec, make_cluster
 from mosaic.perf.base import Work
 from mosaic.perf.interference import VARIANTS, CoSample, fit_interference, group_time_s
@@ -163,3 +167,147 @@ def print_model_error(result: dict[str, Any], console: Any = None) -> None:
                       f"{n['single']}/{n['coloc']}", modes)
     console.print(table)
     console.print(f"calibration (measured / analytic, geometric mean): {result['calibration']:.3g}")
+
+
+# --- whole iterations: predicted vs measured in `mosaic bench` results -------------------------
+
+ITERATION_MAX_ERROR = 0.10
+"""Target: every plan's predicted iteration time within 10% of its measured median."""
+ITERATION_MEDIAN_ERROR = 0.05
+"""Target: the median |error| over all predicted plan rows at most 5%."""
+
+
+class BenchResultsError(MosaicError):
+    """A path given to `iteration_error` that holds no bench results; the message says which."""
+
+
+def load_bench_result(path: str | Path) -> dict[str, Any] | None:
+    """The parsed file when it is a `mosaic bench` results object, else None.
+
+    results/ also holds probes, plans and traces: a file counts only when some row of its
+    "results" list has both "measured_iteration_s" and "predicted_iteration_s".
+    """
+    try:
+        obj = json.loads(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    rows = obj.get("results") if isinstance(obj, dict) else None
+    if not isinstance(rows, list):
+        return None
+    keys = ("measured_iteration_s", "predicted_iteration_s")
+    return obj if any(isinstance(r, dict) and all(k in r for k in keys) for r in rows) else None
+
+
+def bench_result_files(paths_or_dir: str | Path | Iterable[str | Path]) -> list[tuple[str, Path]]:
+    """(display name, path) of every bench result: files as given, directories recursively.
+
+    Order is sorted per directory so reports are deterministic; the display name is relative
+    to the directory it was found under.
+    """
+    paths = [paths_or_dir] if isinstance(paths_or_dir, str | Path) else list(paths_or_dir)
+    found: list[tuple[str, Path]] = []
+    for given in map(Path, paths):
+        if given.is_dir():
+            # Chrome traces sit next to bench.json and can be large: never results, skip them.
+            found += [(str(f.relative_to(given)), f) for f in sorted(given.rglob("*.json"))
+                      if not f.name.endswith(".trace.json") and load_bench_result(f) is not None]
+        elif given.is_file():
+            if load_bench_result(given) is None:
+                raise BenchResultsError(f"{given} is not a `mosaic bench` results JSON (no "
+                                        f"results rows with measured/predicted_iteration_s)")
+            found.append((str(given), given))
+        else:
+            raise BenchResultsError(f"{given} does not exist")
+    if not found:
+        where = ", ".join(map(str, paths))
+        raise BenchResultsError(f"no `mosaic bench` results JSON under {where}")
+    return found
+
+
+def _iteration_rows(name: str, report: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per measured plan; a row without a prediction (user-program baselines such as
+    torch-eager / torch-compile) keeps predicted_s and error None and stays out of the gate."""
+    rows = []
+    for r in report["results"]:
+        if not isinstance(r, dict) or not r.get("measured_iteration_s"):
+            continue
+        measured = float(r["measured_iteration_s"])
+        predicted = float(r["predicted_iteration_s"]) if r.get("predicted_iteration_s") else None
+        rows.append({"file": name, "model": report.get("model"), "preset": report.get("preset"),
+                     "gpus": report.get("gpus"), "global_batch": report.get("global_batch"),
+                     "planner": r.get("planner"), "predicted_s": predicted, "measured_s": measured,
+                     "error": None if predicted is None else predicted / measured - 1})
+    return rows
+
+
+def _gate(rows: Sequence[dict[str, Any]], max_error: float, median_error: float) -> dict[str, Any]:
+    gated = [r for r in rows if r["error"] is not None]
+    errors = [abs(r["error"]) for r in gated]
+    if not errors:  # nothing predicted: nothing shows the model is accurate
+        return {"count": 0, "median_abs_error": None, "max_abs_error": None,
+                "share_within_max_error": None, "over_max_error": 0, "worst": None,
+                "passed": False}
+    median, worst = float(np.median(errors)), max(gated, key=lambda r: abs(r["error"]))
+    within = sum(e <= max_error for e in errors)
+    return {"count": len(errors), "median_abs_error": median, "max_abs_error": max(errors),
+            "share_within_max_error": within / len(errors), "over_max_error": len(errors) - within,
+            "worst": worst, "passed": max(errors) <= max_error and median <= median_error}
+
+
+def iteration_error(paths_or_dir: str | Path | Iterable[str | Path], *,
+                    max_error: float = ITERATION_MAX_ERROR,
+                    median_error: float = ITERATION_MEDIAN_ERROR) -> dict[str, Any]:
+    """Whole-iteration prediction error of every plan row in bench results (fractions, signed:
+    predicted / measured - 1), with the gate: every |error| <= max_error, median <= median_error.
+    """
+    rows: list[dict[str, Any]] = []
+    files = bench_result_files(paths_or_dir)
+    for name, path in files:
+        rows += _iteration_rows(name, load_bench_result(path) or {"results": []})
+    return {"files": [name for name, _ in files],
+            "targets": {"max_abs_error": max_error, "median_abs_error": median_error},
+            "rows": rows, "not_predicted": sum(r["error"] is None for r in rows),
+            **_gate(rows, max_error, median_error)}
+
+
+def gate_summary(result: dict[str, Any]) -> str:
+    """One line: PASS/FAIL and the figures behind it (plain text, for tables and Markdown)."""
+    t = result["targets"]
+    if not result["count"]:
+        return f"FAIL: no predicted plan rows ({result['not_predicted']} not predicted)"
+    w = result["worst"]
+    return (f"{'PASS' if result['passed'] else 'FAIL'}: {result['count']} predicted plan rows, "
+            f"median |error| {result['median_abs_error']:.1%} "
+            f"(target <= {t['median_abs_error']:.0%}), "
+            f"max {result['max_abs_error']:.1%} (target <= {t['max_abs_error']:.0%}; "
+            f"{w['model']} {w['planner']}, {w['file']}), "
+            f"{result['share_within_max_error']:.0%} within {t['max_abs_error']:.0%}; "
+            f"{result['not_predicted']} rows not predicted (excluded)")
+
+
+def print_iteration_error(result: dict[str, Any], console: Any = None) -> None:
+    """A rich table: one row per measured plan, then the gate verdict in bold."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = console or Console(width=160)
+    verdict = "[bold green]PASS[/]" if result["passed"] else "[bold red]FAIL[/]"
+    table = Table(title=f"whole-iteration prediction error: {verdict}")
+    for col in ("file", "model", "preset", "gpus", "batch", "planner", "predicted ms",
+                "measured ms", "error"):
+        numeric = col.endswith(("ms", "error", "gpus", "batch"))
+        table.add_column(col, justify="right" if numeric else "left")
+    limit = result["targets"]["max_abs_error"]
+    for r in result["rows"]:
+        if r["error"] is None:
+            predicted, error = "-", "not predicted"
+        else:
+            predicted = f"{r['predicted_s'] * 1e3:.2f}"
+            style = "red" if abs(r["error"]) > limit else "green"
+            error = f"[{style}]{r['error'] * 100:+.1f}%[/]"
+        table.add_row(r["file"], str(r["model"]), str(r["preset"]), str(r["gpus"]),
+                      str(r["global_batch"]), str(r["planner"]), predicted,
+                      f"{r['measured_s'] * 1e3:.2f}", error)
+    console.print(table)
+    style = "bold green" if result["passed"] else "bold red"
+    console.print(gate_summary(result), style=style, markup=False)

@@ -1,0 +1,371 @@
+"""Render the tables of BENCHMARKS.md from the raw JSON under benchmarks/results/.
+
+    python benchmarks/render.py            # rewrite every marked block of BENCHMARKS.md
+    python benchmarks/render.py --check    # exit 1 when BENCHMARKS.md differs from its data
+
+A block is `<!-- render:NAME -->` ... `<!-- /render:NAME -->`, where NAME is a registered
+renderer, optionally with an argument after a colon: a path under results/, e.g.
+`<!-- render:bench:h200-small -->`. Everything between the two markers belongs to the
+renderer; the prose around them is the author's. Renderers read only JSON and format it with
+fixed rules, so the output is deterministic and a figure cannot drift from its data.
+
+Renderers: one-gpu-bench[:DIR], green-probe[:FILE], bench:DIR_OR_FILE, iteration-error[:DIR].
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import importlib.util
+import json
+import re
+import sys
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+DOC = ROOT / "BENCHMARKS.md"
+if importlib.util.find_spec("mosaic") is None:  # run as a plain script, without PYTHONPATH=src
+    sys.path.insert(0, str(ROOT / "src"))
+
+BASELINES = ("megatron", "distmm", "spindle")
+"""In-engine baselines (the BASELINES of `mosaic bench`; not imported: that would load torch)."""
+USER_BASELINES = ("torch-eager", "torch-compile")
+"""The user's own training program, measured beside the plans; never predicted."""
+ONE_GPU_MODELS = ("clip", "imagebind", "qwen3-vl", "unified-io-2", "ofasys")
+"""bench_h200.sh's models, in its order (the zoo's): one results file bench_MODEL.json each."""
+PEAK_TFLOPS = 989.0
+"""H200 dense bf16 datasheet peak: the usual MFU denominator (the engine records MFU against
+the 790 TF/s a matmul reached, GPUSpec.peak_bf16_flops)."""
+MINUS = "\u2212"  # the Markdown tables print a true minus sign, as the hand-written ones did
+
+Renderer = Callable[[Path, "str | None"], str]
+RENDERERS: dict[str, Renderer] = {}
+
+
+class RenderError(ValueError):
+    """A marker or renderer problem in the document; the message says where."""
+
+
+def renderer(name: str) -> Callable[[Renderer], Renderer]:
+    def register(fn: Renderer) -> Renderer:
+        RENDERERS[name] = fn
+        return fn
+    return register
+
+
+# --- formatting -------------------------------------------------------------------------------
+
+def table(header: list[str], rows: Iterable[list[str]]) -> str:
+    """A GitHub Markdown table; a `|` inside a cell is escaped so it cannot split the cell."""
+    def line(cells: list[str]) -> str:
+        return "| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |"
+    return "\n".join([line(header), "|" + "---|" * len(header), *map(line, rows)])
+
+
+def ms(seconds: float | None) -> str:
+    return "–" if seconds is None else f"{seconds * 1e3:.2f}"
+
+
+def pct(fraction: float | None, signed: bool = True) -> str:
+    if fraction is None:
+        return "–"
+    return (f"{fraction * 100:+.1f}%" if signed else f"{fraction * 100:.1f}%").replace("-", MINUS)
+
+
+def span(values: Iterable[float], fmt: str) -> str:
+    """"a–b" over the values as printed ("a" when they print the same)."""
+    values = list(values)
+    lo, hi = format(min(values), fmt), format(max(values), fmt)
+    return lo if lo == hi else f"{lo}–{hi}"
+
+
+def load(path: Path) -> dict[str, Any]:
+    return json.loads(Path(path).read_text())
+
+
+# --- bench results ----------------------------------------------------------------------------
+
+def by_planner(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {r["planner"]: r for r in report["results"]}
+
+
+def best_baseline(report: dict[str, Any]) -> dict[str, Any] | None:
+    """The fastest in-engine baseline row (on one GPU the three are nearly one plan)."""
+    rows = [r for name, r in by_planner(report).items() if name in BASELINES]
+    return min(rows, key=lambda r: r["measured_iteration_s"]) if rows else None
+
+
+def _stage_key(plan: dict[str, Any]) -> Any:
+    return (plan.get("micro_batches", 1),
+            [(s["sharing"], [(p["module"], p["gpus"], p["sm_share"]) for p in s["placements"]])
+             for s in plan["stages"]])
+
+
+def _placement(p: dict[str, Any], sharing: str, num_sms: int | None) -> str:
+    if sharing not in ("partition", "cap") or p["sm_share"] >= 1:
+        return p["module"]
+    sms = f"{round(p['sm_share'] * num_sms)}" if num_sms else f"{p['sm_share']:.0%}"
+    return f"{p['module']} {'≤' if sharing == 'cap' else ''}{sms}"
+
+
+def plan_text(row: dict[str, Any], report: dict[str, Any]) -> str:
+    """The plan in one line: stages in order, `a ‖ b (free)` for modules sharing the GPU;
+    a plan identical to a baseline's is named as that baseline's."""
+    plan, rows = row["plan"], by_planner(report)
+    for name in BASELINES:
+        if name in rows and _stage_key(rows[name]["plan"]) == _stage_key(plan):
+            return f"{name}'s plan (no colocation)"
+    stages = []
+    for s in plan["stages"]:
+        names = [_placement(p, s["sharing"], report.get("num_sms")) for p in s["placements"]]
+        joined = ", ".join(names) if s["sharing"] == "temporal" else " ‖ ".join(names)
+        stages.append(names[0] if len(names) == 1 else f"{joined} ({s['sharing']})")
+    return " → ".join(stages)
+
+
+def _tflop_per_gpu_s(report: dict[str, Any], row: dict[str, Any]) -> float:
+    return report["model_tflop_per_iteration"] / (report["gpus"] * row["measured_iteration_s"])
+
+
+def recorded_peak_tflops(report: dict[str, Any], row: dict[str, Any]) -> float:
+    """The peak the recorded "mfu" was computed against (it is not stored on its own)."""
+    return _tflop_per_gpu_s(report, row) / row["mfu"]
+
+
+def mfu(report: dict[str, Any], row: dict[str, Any] | None,
+        peak_tflops: float = PEAK_TFLOPS) -> float | None:
+    return None if row is None else _tflop_per_gpu_s(report, row) / peak_tflops
+
+
+def with_spread(row: dict[str, Any]) -> str:
+    return f"{ms(row['measured_iteration_s'])} ({ms(row['p10_s'])}–{ms(row['p90_s'])})"
+
+
+# --- (a) mosaic vs the baselines on one GPU ---------------------------------------------------
+
+def _one_gpu_row(report: dict[str, Any]) -> list[str]:
+    base, mosaic = best_baseline(report), by_planner(report)["mosaic"]
+    speedup = base["measured_iteration_s"] / mosaic["measured_iteration_s"]
+    shown = f"{speedup:.3f}x"
+    return [report["model"], str(report["global_batch"]), with_spread(base), with_spread(mosaic),
+            f"**{shown}**" if speedup > 1 else shown, plan_text(mosaic, report),
+            f"{ms(mosaic['predicted_iteration_s'])} ({pct(mosaic.get('prediction_error'))})",
+            f"{base['mfu'] * 100:.1f} → {mosaic['mfu'] * 100:.1f}%"]
+
+
+@renderer("one-gpu-bench")
+def one_gpu_bench(results: Path, arg: str | None) -> str:
+    """Best of the Megatron/DistMM/Spindle plans vs mosaic's, one row per zoo model."""
+    directory = results / (arg or "h200-small")
+    files = [directory / f"bench_{m}.json" for m in ONE_GPU_MODELS]
+    reports = [load(f) for f in files if f.exists()]
+    if not reports:
+        raise RenderError(f"one-gpu-bench: no bench_MODEL.json under {directory}")
+    presets = ", ".join(sorted({r["preset"] for r in reports}))
+    peaks = {round(recorded_peak_tflops(r, by_planner(r)["mosaic"])) for r in reports}
+    peak = f"of {peaks.pop()} TF/s" if len(peaks) == 1 else "of the recorded peaks"
+    header = [f"model (preset {presets})", "batch", "best baseline, ms (p10–p90)",
+              "mosaic, ms (p10–p90)", "**speedup**", "mosaic plan", "predicted, ms (error)",
+              f"MFU base → mosaic ({peak})"]
+    return table(header, map(_one_gpu_row, reports))
+
+
+# --- (b) the green-context probe --------------------------------------------------------------
+
+def _partition_row(x: dict[str, Any]) -> list[str]:
+    keys = list(x["requested"])
+
+    def sizes(field: str) -> str:
+        return "/".join(str(x[field][k]) for k in keys)
+
+    shared = sum(x["shared_sms"].values())
+    result = (f"contexts of {sizes('num_context')} SMs; `%smid` seen {sizes('num_seen')}, "
+              f"{shared} shared, {'ran' if x['ran_concurrently'] else 'did NOT run'} concurrently")
+    if sizes("num_context") != sizes("requested"):  # why a context got more than it asked for
+        units = x["describe"]["unit_sms"]
+        result += f" (the split's last unit has {units[-1]} SMs and joins the last partition)"
+    return [f"{len(keys)} partitions, {sizes('requested')} SMs requested", result]
+
+
+def _matmul_row(m: dict[str, Any]) -> list[str]:
+    quotas = sorted((v for k, v in m.items() if k.startswith("sm")), key=lambda v: v["num_sms"])
+    enforced = "quota enforced" if m["describe"]["enforced"] else "quota NOT enforced"
+    sms = " / ".join(str(v["num_sms"]) for v in quotas)
+    times = " / ".join(f"{v['ms']:.2f}" for v in quotas)
+    return [f"8192³ bf16 matmul on {sms} SMs", f"{times} ms ({enforced}); whole GPU without a "
+            f"context {m['whole_gpu']['ms']:.2f} ms"]
+
+
+def _setup_rows(s: dict[str, Any]) -> list[list[str]]:
+    counts = sorted(int(k.split("_")[1]) for k in s if k.startswith("partitions_"))
+    runs = [s[f"partitions_{n}"] for n in counts]
+    # memory of the last (steady) creation: the first may also load driver state
+    per_context = [r[-1]["mem_mib"] / n for n, r in zip(counts, runs, strict=True)]
+    times = " / ".join(span([x["setup_s"] * 1e3 for x in r], ".1f") for r in runs)
+    left = s["busy_work_left_after_create_s"] * 1e3
+    return [
+        [f"pool creation, {' / '.join(map(str, counts))} partitions",
+         f"{times} ms once at start-up; {span(per_context, '.0f')} MiB device memory per context"],
+        ["stream lookup from the pool (in a step)", f"{s['lookup_us']:.2f} µs"],
+        ["creating one context + stream inside a step",
+         f"{s['create_in_step_idle_s'] * 1e3:.1f} ms on an idle GPU, "
+         f"**{s['create_in_step_busy_s'] * 1e3:.1f} ms behind queued work** (creation waits for "
+         f"the queue: {left:.2f} ms of it was left after)"],
+    ]
+
+
+@renderer("green-probe")
+def green_probe(results: Path, arg: str | None) -> str:
+    """benchmarks/green_probe.py's JSON: partitions, quota vs matmul time, setup cost."""
+    r = load(results / (arg or "green_probe_h200.json"))
+    rows: list[list[str]] = []
+    sections = (("disjoint", lambda d: [_partition_row(d[k]) for k in ("three_way", "two_way")]),
+                ("matmul", lambda m: [_matmul_row(m)]), ("setup", _setup_rows))
+    for name, make in sections:
+        # a section the probe recorded as failed is shown as failed, not silently dropped
+        rows += [[name, "FAILED (see the JSON)"]] if "error" in r[name] else make(r[name])
+    return table(["check", "result"], rows)
+
+
+# --- (c) any bench results: one row per results file ------------------------------------------
+
+def _result_files(results: Path, dir_or_files: str | Path | Iterable[str | Path]) -> list[Path]:
+    """What counts as a bench result is accuracy.py's rule, so the gate and tables agree."""
+    from mosaic.perf.accuracy import bench_result_files
+
+    if isinstance(dir_or_files, str | Path):
+        dir_or_files = [dir_or_files]
+    return [path for _, path in bench_result_files([results / p for p in dir_or_files])]
+
+
+def _speedup(base: dict[str, Any] | None, row: dict[str, Any] | None) -> str:
+    if base is None or row is None:
+        return "–"
+    return f"{base['measured_iteration_s'] / row['measured_iteration_s']:.3f}x"
+
+
+def _bench_row(report: dict[str, Any], planners: list[str]) -> list[str]:
+    rows = by_planner(report)
+    mosaic = rows.get("mosaic")
+    errors = [r["prediction_error"] for r in rows.values() if r.get("prediction_error") is not None]
+    worst = max(errors, key=abs) if errors else None
+    error = pct(mosaic.get("prediction_error")) if mosaic else "–"
+    engine = report.get("engine", {})
+    sync = f"{engine['grad_sync']}, {engine['reduce_dtype']}" if engine else "bucketed, fp32"
+    return [report["model"], report["preset"], str(report["gpus"]), str(report["global_batch"]),
+            sync if report["gpus"] > 1 else "–",
+            *[ms(rows[p]["measured_iteration_s"]) if p in rows else "–" for p in planners],
+            _speedup(best_baseline(report), mosaic), _speedup(rows.get("torch-compile"), mosaic),
+            pct(mfu(report, mosaic), signed=False), f"{error} (worst {pct(worst)})"]
+
+
+def bench_table(dir_or_files: str | Path | Iterable[str | Path], results: Path = RESULTS) -> str:
+    """Every bench results JSON under the directory (or the files), one row each: every
+    planner's median ms (user baselines last), mosaic's speedups, MFU and prediction error."""
+    reports = [load(f) for f in _result_files(results, dir_or_files)]
+    seen = list(dict.fromkeys(r["planner"] for rep in reports for r in rep["results"]))
+    users = [p for p in USER_BASELINES if p in seen]
+    planners = [p for p in seen if p not in USER_BASELINES] + users
+    rows = [_bench_row(rep, planners) for rep in reports]
+    header = ["model", "preset", "GPUs", "batch", "gradient sync",
+              *[f"{p}, ms" for p in planners],
+              "mosaic vs best baseline", "mosaic vs torch-compile",
+              f"mosaic MFU (of {PEAK_TFLOPS:.0f} TF/s)",
+              "mosaic prediction error (worst plan)"]
+    if "torch-compile" not in seen:  # a column of dashes says nothing
+        drop = header.index("mosaic vs torch-compile")
+        header, rows = header[:drop] + header[drop + 1:], [r[:drop] + r[drop + 1:] for r in rows]
+    return table(header, rows)
+
+
+@renderer("bench")
+def bench(results: Path, arg: str | None) -> str:
+    if not arg:
+        raise RenderError("bench needs a directory or file under results/: render:bench:DIR")
+    return bench_table(arg, results)
+
+
+# --- (d) the whole-iteration accuracy gate ----------------------------------------------------
+
+def iteration_error_table(dir_or_files: str | Path | Iterable[str | Path],
+                          results: Path = RESULTS) -> str:
+    """Every predicted plan row's error, then the gate's verdict in bold."""
+    from mosaic.perf.accuracy import gate_summary, iteration_error
+
+    paths = [dir_or_files] if isinstance(dir_or_files, str | Path) else list(dir_or_files)
+    result = iteration_error([results / p for p in paths])
+    rows = [[r["file"], r["model"], r["preset"], str(r["gpus"]), str(r["global_batch"]),
+             r["planner"], ms(r["predicted_s"]), ms(r["measured_s"]),
+             "not predicted" if r["error"] is None else pct(r["error"])] for r in result["rows"]]
+    verdict, rest = gate_summary(result).split(": ", 1)
+    return (table(["file", "model", "preset", "GPUs", "batch", "planner", "predicted, ms",
+                   "measured, ms", "error"], rows)
+            + f"\n\n**{verdict}**: {rest.replace('<=', '≤')}")
+
+
+@renderer("iteration-error")
+def iteration_error_block(results: Path, arg: str | None) -> str:
+    return iteration_error_table(arg or ".", results)
+
+
+# --- the document -----------------------------------------------------------------------------
+
+BLOCK = re.compile(r"<!-- render:(?P<name>[\w.-]+(?::[^\s>]+)?) -->\n"
+                   r"(?P<body>.*?)<!-- /render:(?P=name) -->", re.DOTALL)
+OPEN = re.compile(r"<!-- render:([^\s>]+) -->")
+
+
+def render_block(name: str, results: Path = RESULTS) -> str:
+    kind, _, arg = name.partition(":")
+    if kind not in RENDERERS:
+        raise RenderError(f"unknown renderer {kind!r} in <!-- render:{name} -->; known: "
+                          f"{', '.join(sorted(RENDERERS))}")
+    return RENDERERS[kind](results, arg or None)
+
+
+def render(text: str, results: Path = RESULTS) -> str:
+    """The document with every marked block regenerated; the text outside blocks unchanged.
+    Blank lines around the table keep it a table whatever Markdown renders it."""
+    opened = OPEN.findall(text)
+    blocks = list(BLOCK.finditer(text))
+    if len(blocks) != len(opened):
+        closed = {m["name"] for m in blocks}
+        raise RenderError(f"unclosed marker(s): {', '.join(n for n in opened if n not in closed)} "
+                          f"(each <!-- render:NAME --> ends its line; close it with "
+                          f"<!-- /render:NAME -->)")
+    return BLOCK.sub(lambda m: (f"<!-- render:{m['name']} -->\n\n{render_block(m['name'], results)}"
+                                f"\n\n<!-- /render:{m['name']} -->"), text)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="exit 1 if the document is stale")
+    parser.add_argument("--doc", type=Path, default=DOC)
+    parser.add_argument("--results", type=Path, default=RESULTS)
+    args = parser.parse_args(argv)
+    try:
+        text = args.doc.read_text()
+        new = render(text, args.results)
+    except (OSError, ValueError, KeyError) as exc:  # one line, not a traceback
+        print(f"render: error: {exc!r}" if isinstance(exc, KeyError) else f"render: error: {exc}",
+              file=sys.stderr)
+        return 2
+    if args.check:
+        if new == text:
+            return 0
+        sys.stderr.writelines(difflib.unified_diff(text.splitlines(True), new.splitlines(True),
+                                                   str(args.doc), "rendered from results/"))
+        print(f"{args.doc} differs from its data: run python benchmarks/render.py", file=sys.stderr)
+        return 1
+    if new != text:
+        args.doc.write_text(new)
+    state = "updated" if new != text else "unchanged"
+    print(f"{args.doc}: {len(BLOCK.findall(text))} block(s), {state}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,135 @@
+"""Whole-iteration accuracy gate over `mosaic bench` results JSON (synthetic files, then the
+repo's own benchmarks/results/)."""
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from mosaic.cli import app
+from mosaic.perf.accuracy import BenchResultsError, gate_summary, iteration_error
+
+RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
+
+
+def plan_row(planner, measured_ms, predicted_ms=None, **extra):
+    """One results row as bench_report writes it (the fields the gate and tables read)."""
+    measured, predicted = measured_ms / 1e3, predicted_ms / 1e3 if predicted_ms else None
+    row = {"planner": planner, "measured_iteration_s": measured, "median_s": measured,
+           "p10_s": measured * 0.99, "p90_s": measured * 1.01, "predicted_iteration_s": predicted,
+           "mfu": 0.1, "plan": {"planner": planner, "num_gpus": 1, "stages": []}, **extra}
+    if predicted:
+        row["prediction_error"] = predicted / measured - 1
+    return row
+
+
+def write_bench(path, rows, model="toy", gpus=1, batch=16, preset="small", tflop=1.0):
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"model": model, "preset": preset, "global_batch": batch,
+                                "gpus": gpus, "num_sms": 132, "model_tflop_per_iteration": tflop,
+                                "results": rows}))
+    return path
+
+
+def with_errors(path, *errors, **kw):
+    """A results file whose plan rows have these prediction errors (fractions)."""
+    rows = [plan_row(f"p{i}", 10.0, 10.0 * (1 + e)) for i, e in enumerate(errors)]
+    return write_bench(path, rows, **kw)
+
+
+def test_rows_and_aggregates(tmp_path):
+    with_errors(tmp_path / "a" / "bench_a.json", 0.02, -0.04, model="a", gpus=2, batch=8)
+    with_errors(tmp_path / "bench_b.json", -0.08, model="b")
+    r = iteration_error(tmp_path)
+    assert r["files"] == ["a/bench_a.json", "bench_b.json"]  # sorted, relative: deterministic
+    first = r["rows"][0]
+    expected = {"file": "a/bench_a.json", "model": "a", "preset": "small", "gpus": 2,
+                "global_batch": 8, "planner": "p0"}
+    assert {k: first[k] for k in expected} == expected
+    assert first["measured_s"] == pytest.approx(0.010)
+    assert first["predicted_s"] == pytest.approx(0.0102)
+    assert [row["error"] for row in r["rows"]] == pytest.approx([0.02, -0.04, -0.08])
+    assert r["count"] == 3 and r["median_abs_error"] == pytest.approx(0.04)
+    assert r["max_abs_error"] == pytest.approx(0.08) and r["share_within_max_error"] == 1.0
+    assert r["passed"] and gate_summary(r).startswith("PASS")
+
+
+def test_one_row_over_10_percent_fails(tmp_path):
+    with_errors(tmp_path / "bench.json", 0.01, -0.12, 0.02)
+    r = iteration_error(tmp_path)
+    assert not r["passed"] and r["over_max_error"] == 1
+    assert r["worst"]["planner"] == "p1" and r["share_within_max_error"] == pytest.approx(2 / 3)
+    assert gate_summary(r).startswith("FAIL")
+
+
+def test_median_over_5_percent_fails_though_every_row_is_within_10(tmp_path):
+    with_errors(tmp_path / "bench.json", 0.06, -0.07, 0.02)
+    r = iteration_error(tmp_path)
+    assert r["max_abs_error"] <= 0.10 and r["median_abs_error"] == pytest.approx(0.06)
+    assert not r["passed"]
+
+
+def test_user_baselines_are_listed_but_not_gated(tmp_path):
+    no_key = plan_row("torch-compile", 20.0)
+    del no_key["predicted_iteration_s"]  # a user baseline may leave the key out entirely
+    rows = [plan_row("mosaic", 10.0, 10.1), plan_row("torch-eager", 30.0), no_key]
+    write_bench(tmp_path / "bench.json", rows)
+    r = iteration_error(tmp_path)
+    assert [row["planner"] for row in r["rows"]] == ["mosaic", "torch-eager", "torch-compile"]
+    assert [row["error"] is None for row in r["rows"]] == [False, True, True]
+    assert r["count"] == 1 and r["not_predicted"] == 2 and r["passed"]
+
+
+def test_nothing_predicted_cannot_pass(tmp_path):
+    write_bench(tmp_path / "bench.json", [plan_row("torch-eager", 30.0)])
+    r = iteration_error(tmp_path)
+    assert r["count"] == 0 and not r["passed"] and gate_summary(r).startswith("FAIL")
+
+
+def test_other_json_is_skipped(tmp_path):
+    with_errors(tmp_path / "run" / "bench.json", 0.01)
+    (tmp_path / "run" / "mosaic.trace.json").write_text("[]")
+    (tmp_path / "probe.json").write_text(json.dumps({"env": {}, "matmul": {}}))
+    (tmp_path / "plan.json").write_text(json.dumps({"results": [{"planner": "x"}]}))
+    (tmp_path / "broken.json").write_text("{not json")
+    assert iteration_error(tmp_path)["files"] == ["run/bench.json"]
+
+
+def test_files_can_be_given_one_by_one(tmp_path):
+    a = with_errors(tmp_path / "a.json", 0.01)
+    b = with_errors(tmp_path / "b.json", 0.03)
+    assert iteration_error([b, a])["files"] == [str(b), str(a)]
+
+
+@pytest.mark.parametrize("make, needle", [
+    (lambda d: d / "missing", "does not exist"),
+    (lambda d: d, "no `mosaic bench` results"),
+    (lambda d: (d / "x.json").write_text("{}") and d / "x.json", "not a `mosaic bench` results"),
+])
+def test_bad_input_is_a_user_error(tmp_path, make, needle):
+    with pytest.raises(BenchResultsError, match=needle):
+        iteration_error(make(tmp_path))
+
+
+def test_cli_prints_the_verdict_and_exits_0_on_fail(tmp_path):
+    with_errors(tmp_path / "bench.json", 0.01, -0.2)
+    out = CliRunner().invoke(app, ["model-error", "--iterations", str(tmp_path)])
+    assert out.exit_code == 0, out.output
+    assert "FAIL" in out.output and "-20.0%" in out.output
+    out = CliRunner().invoke(app, ["model-error", "--iterations", str(tmp_path), "--json"])
+    assert out.exit_code == 0 and json.loads(out.output)["passed"] is False
+
+
+def test_repo_results_agree_with_the_recorded_errors():
+    """The gate on the real tree: every row's error is the one bench_report recorded."""
+    r = iteration_error(RESULTS)
+    assert "h200-small/bench_clip.json" in r["files"] and r["count"] >= 38
+    for row in r["rows"]:
+        if row["error"] is None:  # a user program: nothing was predicted
+            continue
+        report = json.loads((RESULTS / row["file"]).read_text())
+        recorded = {x["planner"]: x for x in report["results"]}
+        assert row["error"] == pytest.approx(recorded[row["planner"]]["prediction_error"])
+    assert r["passed"] == (r["max_abs_error"] <= 0.10 and r["median_abs_error"] <= 0.05)

@@ -1,0 +1,113 @@
+"""benchmarks/render.py: BENCHMARKS.md's tables regenerated from the raw JSON, and --check."""
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.test_iteration_error import plan_row, with_errors, write_bench
+
+ROOT = Path(__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location("render", ROOT / "benchmarks" / "render.py")
+render = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(render)
+
+
+def test_check_passes_on_the_repos_benchmarks_md():
+    """CI's drift guard: run as a user would, from another directory."""
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "render.py"), "--check"],
+                          capture_output=True, text=True, cwd="/", timeout=60)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+def test_rendering_is_deterministic_and_keeps_the_prose():
+    text = render.DOC.read_text()
+    assert render.render(text) == render.render(render.render(text)) == text
+    assert "<!-- render:one-gpu-bench:h200-small -->" in text
+    assert "<!-- render:green-probe:green_probe_h200.json -->" in text
+
+
+def doc_with(tmp_path, block, body="stale\n"):
+    doc = tmp_path / "DOC.md"
+    doc.write_text(f"# title\n\nprose before\n\n<!-- render:{block} -->\n{body}"
+                   f"<!-- /render:{block} -->\n\nprose after\n")
+    return doc
+
+
+def test_stale_block_fails_check_then_render_fixes_it(tmp_path, capsys):
+    with_errors(tmp_path / "res" / "run" / "bench_toy.json", 0.02, -0.03)
+    doc = doc_with(tmp_path, "bench:run")
+    args = ["--doc", str(doc), "--results", str(tmp_path / "res")]
+    assert render.main([*args, "--check"]) == 1
+    assert "stale" in capsys.readouterr().err  # the diff shows what would change
+    assert render.main(args) == 0
+    text = doc.read_text()
+    assert text.startswith("# title\n\nprose before\n\n") and text.endswith("\n\nprose after\n")
+    assert "stale" not in text and "| toy | small | 1 | 16 |" in text
+    assert render.main([*args, "--check"]) == 0
+
+
+@pytest.mark.parametrize("body, needle", [
+    ("<!-- render:nope -->\n<!-- /render:nope -->\n", "unknown renderer 'nope'"),
+    ("<!-- render:green-probe -->\nno end marker\n", "unclosed marker"),
+])
+def test_bad_markers_are_one_line_errors(tmp_path, capsys, body, needle):
+    doc = tmp_path / "DOC.md"
+    doc.write_text(body)
+    assert render.main(["--doc", str(doc), "--check"]) == 2
+    assert needle in capsys.readouterr().err
+
+
+def test_one_gpu_table_reproduces_the_recorded_figures():
+    text = render.one_gpu_bench(render.RESULTS, "h200-small")
+    rows = {line.split(" | ")[0].strip("| "): line for line in text.splitlines()[2:]}
+    assert list(rows) == ["clip", "imagebind", "qwen3-vl", "unified-io-2", "ofasys"]
+    clip = rows["clip"]
+    for figure in ("12.86 (12.81–12.93)", "11.34 (11.22–11.47)", "**1.134x**",
+                   "text ‖ vision (free) → align", "10.72 (−5.4%)", "13.9 → 15.8%"):
+        assert figure in clip
+    assert "0.995x" in rows["qwen3-vl"] and "megatron's plan" in rows["qwen3-vl"]
+    assert "audio ≤112" in rows["ofasys"] and "(of 790 TF/s)" in text.splitlines()[0]
+
+
+def test_green_probe_table_is_the_json(tmp_path):
+    probe = json.loads((render.RESULTS / "green_probe_h200.json").read_text())
+    probe["matmul"]["sm8"]["ms"] = 42.0
+    probe["setup"] = {"error": "Traceback ..."}
+    (tmp_path / "probe.json").write_text(json.dumps(probe))
+    text = render.green_probe(tmp_path, "probe.json")
+    assert "42.00 / 10.08 / 5.16 / 2.68 / 1.48 ms (quota enforced)" in text
+    assert "| setup | FAILED (see the JSON) |" in text
+    assert "64/68" in text and "last unit has 12 SMs" in text
+
+
+def test_bench_table_with_user_baselines(tmp_path):
+    rows = [plan_row("megatron", 20.0, 19.0), plan_row("distmm", 21.0, 19.0),
+            plan_row("mosaic", 16.0, 15.0), plan_row("torch-compile", 24.0),
+            plan_row("torch-eager", 40.0)]
+    write_bench(tmp_path / "bench_toy.json", rows, gpus=2, tflop=10.0)
+    header, _, row = render.bench_table(tmp_path).splitlines()
+    assert header.split(" | ")[5:10] == ["megatron, ms", "distmm, ms", "mosaic, ms",
+                                         "torch-eager, ms", "torch-compile, ms"]
+    cells = row.strip("| ").split(" | ")
+    # A result without an "engine" record predates DDP: its gradients were bucketed.
+    assert cells[:10] == ["toy", "small", "2", "16", "bucketed, fp32", "20.00", "21.00", "16.00",
+                          "40.00", "24.00"]
+    mfu = 10.0 / (2 * 0.016 * 989)  # the model's FLOPs at the datasheet peak, two GPUs
+    assert cells[10:] == ["1.250x", "1.500x", f"{mfu * 100:.1f}%", "−6.2% (worst −9.5%)"]
+
+
+def test_bench_table_without_torch_compile_has_no_such_column(tmp_path):
+    with_errors(tmp_path / "bench.json", 0.01)
+    assert "torch-compile" not in render.bench_table(tmp_path)
+
+
+def test_iteration_error_block_states_the_verdict(tmp_path):
+    with_errors(tmp_path / "ok" / "bench.json", 0.01, -0.02)
+    with_errors(tmp_path / "bad" / "bench.json", 0.01, -0.30)
+    assert "\n\n**PASS**: 2 predicted plan rows" in render.iteration_error_block(tmp_path, "ok")
+    text = render.iteration_error_block(tmp_path, "bad")
+    assert "**FAIL**" in text and "| −30.0% |" in text and "target ≤ 10%" in text
