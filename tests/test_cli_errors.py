@@ -200,9 +200,9 @@ def test_every_user_error_class_is_a_mosaic_error():
     from mosaic.files import OutputError
     from mosaic.graph import GraphError
     from mosaic.hardware import HardwareError
-    from mosaic.perf.accuracy import BenchResultsError
     from mosaic.perf.base import PerfModelError
     from mosaic.perf.interference import InterferenceError
+    from mosaic.perf.results import BenchResultsError
     from mosaic.plan import PlanError
     from mosaic.profile.db import ProfileDBError
     from mosaic.profile.graph_timing import ProfilerError

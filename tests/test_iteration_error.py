@@ -8,7 +8,8 @@ import pytest
 from typer.testing import CliRunner
 
 from mosaic.cli import app
-from mosaic.perf.accuracy import BenchResultsError, gate_summary, iteration_error
+from mosaic.perf.accuracy import gate_summary, iteration_error
+from mosaic.perf.results import BenchResultsError
 
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
 

@@ -219,7 +219,6 @@ def test_profiler_orchestration_on_a_fake_gpu(tmp_path, monkeypatch):
     prof.surfaces(refine_until=float("inf"))
     prof.signatures(FakeAntagonist(), copy_s=1e-3)
     prof.colocations(deadline=float("inf"))
-    db.add_comm(profiler.analytic_comm("h200"))
     prof.release()
     rep = prof.report
     assert rep.num_modules == 3 and rep.num_distinct == 3 and rep.signatures == 3

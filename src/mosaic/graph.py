@@ -22,6 +22,12 @@ class GraphError(MosaicError):
     """A model graph that cannot be planned; the message names the field and the fix."""
 
 
+BYTES_PER_PARAM_STEP = 40.0
+"""Weights read forward and backward, fp32 gradient written, AdamW state read and written."""
+ACTIVATION_PASSES = 3.0
+"""Activations written forward, read backward, and their gradients written."""
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ModuleSpec:
     """One module of a multimodal model and what it costs per sample."""
@@ -67,6 +73,12 @@ class ModuleSpec:
     def static_bytes(self) -> float:
         """Parameters, gradients and AdamW state in mixed precision: 2 + 4 + 4 + 4 + 2 bytes."""
         return 16.0 * self.num_params
+
+    def step_traffic_bytes(self, per_gpu_batch: int) -> float:
+        """Device-memory bytes one forward + backward + optimizer step moves (a count, not a
+        measurement): what the roofline, the interference model and the profiler share."""
+        return (BYTES_PER_PARAM_STEP * self.num_params
+                + ACTIVATION_PASSES * self.activation_bytes_per_sample * per_gpu_batch)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -158,7 +170,11 @@ class MMGraph:
                 preset=d.get("preset", "custom"),
                 meta=d.get("meta", {}),
             )
-        except (KeyError, TypeError) as exc:
+        # ValueError, AttributeError: found by tests/test_fuzz.py (an edge of one name, a
+        # count that is not a number, a list where an object belongs)
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            if isinstance(exc, GraphError):
+                raise
             raise GraphError(f"malformed graph JSON: {exc}; expected keys name, modules, edges, global_batch") from exc
 
     def to_json(self) -> str:

@@ -6,7 +6,7 @@ from mosaic.perf.base import PerfModel, PerfModelError, Work
 __all__ = ["PERF_MODELS", "AnalyticModel", "PerfModel", "PerfModelError", "Work", "make_perf_model"]
 
 PERF_MODELS = ("auto", "analytic", "profiled")
-"""The names make_perf_model accepts (the CLI adds `auto`: profiled where a DB is shipped)."""
+"""The names make_perf_model accepts (`auto`: profiled where a DB is shipped, else analytic)."""
 
 
 def make_perf_model(name: str, cluster, **kwargs) -> PerfModel:
@@ -21,5 +21,6 @@ def make_perf_model(name: str, cluster, **kwargs) -> PerfModel:
     if name == "profiled":  # lazy: scipy and the DB are only needed when asked for
         from mosaic.perf.profiled import ProfiledModel
 
-        return ProfiledModel(cluster, kwargs.get("db"), interference=kwargs.get("interference", "aware"))
+        return ProfiledModel(cluster, kwargs.get("db"), interference=kwargs.get("interference", "aware"),
+                             engine=kwargs.get("engine"))
     raise PerfModelError(f"unknown perf model {name!r}; choose one of {', '.join(PERF_MODELS)}")

@@ -14,18 +14,17 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from mosaic.errors import MosaicError
 from mosaic.hardware import ClusterSpec, make_cluster
 from mosaic.perf.base import Work
 from mosaic.perf.interference import VARIANTS, CoSample, fit_interference, group_time_s
 from mosaic.perf.profiled import SurfaceSet, fit_surface
+from mosaic.perf.results import bench_result_files, load_bench_result
 from mosaic.profile.db import ColocPoint, ModulePoint, ProfileDB
 
 
@@ -175,53 +174,6 @@ ITERATION_MAX_ERROR = 0.10
 """Target: every plan's predicted iteration time within 10% of its measured median."""
 ITERATION_MEDIAN_ERROR = 0.05
 """Target: the median |error| over all predicted plan rows at most 5%."""
-
-
-class BenchResultsError(MosaicError):
-    """A path given to `iteration_error` that holds no bench results; the message says which."""
-
-
-def load_bench_result(path: str | Path) -> dict[str, Any] | None:
-    """The parsed file when it is a `mosaic bench` results object, else None.
-
-    results/ also holds probes, plans and traces: a file counts only when some row of its
-    "results" list has both "measured_iteration_s" and "predicted_iteration_s".
-    """
-    try:
-        obj = json.loads(Path(path).read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        return None
-    rows = obj.get("results") if isinstance(obj, dict) else None
-    if not isinstance(rows, list):
-        return None
-    keys = ("measured_iteration_s", "predicted_iteration_s")
-    return obj if any(isinstance(r, dict) and all(k in r for k in keys) for r in rows) else None
-
-
-def bench_result_files(paths_or_dir: str | Path | Iterable[str | Path]) -> list[tuple[str, Path]]:
-    """(display name, path) of every bench result: files as given, directories recursively.
-
-    Order is sorted per directory so reports are deterministic; the display name is relative
-    to the directory it was found under.
-    """
-    paths = [paths_or_dir] if isinstance(paths_or_dir, str | Path) else list(paths_or_dir)
-    found: list[tuple[str, Path]] = []
-    for given in map(Path, paths):
-        if given.is_dir():
-            # Chrome traces sit next to bench.json and can be large: never results, skip them.
-            found += [(str(f.relative_to(given)), f) for f in sorted(given.rglob("*.json"))
-                      if not f.name.endswith(".trace.json") and load_bench_result(f) is not None]
-        elif given.is_file():
-            if load_bench_result(given) is None:
-                raise BenchResultsError(f"{given} is not a `mosaic bench` results JSON (no "
-                                        f"results rows with measured/predicted_iteration_s)")
-            found.append((str(given), given))
-        else:
-            raise BenchResultsError(f"{given} does not exist")
-    if not found:
-        where = ", ".join(map(str, paths))
-        raise BenchResultsError(f"no `mosaic bench` results JSON under {where}")
-    return found
 
 
 def _iteration_rows(name: str, report: dict[str, Any]) -> list[dict[str, Any]]:

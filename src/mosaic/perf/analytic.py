@@ -23,10 +23,6 @@ from mosaic.perf.base import PerfModel, Work
 MATMUL_EFFICIENCY = 0.45
 """Fraction of the measured matmul peak a whole transformer step reaches when it fills the GPU."""
 TILE = 128
-BYTES_PER_PARAM_STEP = 40.0
-"""Weights read forward and backward, fp32 gradient written, AdamW state read and written."""
-ACTIVATION_PASSES = 3.0
-"""Activations written forward, read backward, and their gradients written."""
 CONCURRENCY_OVERHEAD = 0.08
 """Per extra concurrent stream: scheduler and cache interference without a quota."""
 
@@ -39,11 +35,7 @@ def _roofline_terms(module: ModuleSpec, per_gpu_batch: int, gpu: GPUSpec) -> tup
     tiles = math.ceil(tokens / TILE) * math.ceil(width / TILE) * 2
     fill_sms = max(gpu.sm_granularity, min(gpu.num_sms, tiles))
     compute_s = module.flops_per_sample * per_gpu_batch / (gpu.peak_bf16_flops * MATMUL_EFFICIENCY)
-    num_bytes = (
-        BYTES_PER_PARAM_STEP * module.num_params
-        + ACTIVATION_PASSES * module.activation_bytes_per_sample * per_gpu_batch
-    )
-    memory_s = num_bytes / gpu.mem_bandwidth_bps
+    memory_s = module.step_traffic_bytes(per_gpu_batch) / gpu.mem_bandwidth_bps
     latency_s = module.kernels_per_step * gpu.kernel_latency_s
     return compute_s, memory_s, latency_s, fill_sms
 

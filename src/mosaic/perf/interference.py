@@ -34,7 +34,6 @@ from scipy.optimize import least_squares
 
 from mosaic.errors import MosaicError
 from mosaic.graph import ModuleSpec
-from mosaic.perf.analytic import ACTIVATION_PASSES, BYTES_PER_PARAM_STEP
 
 VARIANTS = ("aware", "unaware", "linear")
 SATURATION = 1.05
@@ -47,8 +46,7 @@ class InterferenceError(MosaicError):
 
 def module_bytes(spec: ModuleSpec, per_gpu_batch: int) -> float:
     """Device-memory bytes of one forward + backward + optimizer step (the analytic count)."""
-    return (BYTES_PER_PARAM_STEP * spec.num_params
-            + ACTIVATION_PASSES * spec.activation_bytes_per_sample * per_gpu_batch)
+    return spec.step_traffic_bytes(per_gpu_batch)
 
 
 @dataclass(frozen=True, slots=True)

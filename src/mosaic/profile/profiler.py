@@ -28,8 +28,7 @@ from typing import Any
 import torch
 
 from mosaic.graph import MMGraph
-from mosaic.hardware import GPUSpec, gpu_spec, make_cluster
-from mosaic.perf.interference import module_bytes
+from mosaic.hardware import GPUSpec, gpu_spec
 from mosaic.profile.db import (
     ColocPoint,
     ColocWork,
@@ -207,7 +206,7 @@ class ModelProfiler:
             self.db.add_signature(SignaturePoint(
                 signature=sig, per_gpu_batch=b, num_sms=got[0], antagonist_sms=got[1],
                 alone_s=alone, with_antagonist_s=both,
-                bytes_per_s=module_bytes(spec, b) / alone,
+                bytes_per_s=spec.step_traffic_bytes(b) / alone,
                 method="device-copy antagonist on the other SMs; bytes = analytic count"))
             self.report.signatures += 1
             del graph
@@ -296,22 +295,6 @@ def antagonist_streams(bank: StreamBank) -> tuple[tuple[Any, Any], list[int]]:
 # --- communication -----------------------------------------------------------------------------
 COMM_BYTES = tuple(float(4**i) for i in range(5, 17))
 """1 KiB .. 4 GiB, x4 steps."""
-
-
-def analytic_comm(hardware: str, gpus: Sequence[int] = (2, 4, 8)) -> list[CommPoint]:
-    """Ring all-reduce and p2p curves from the link model (source 'analytic')."""
-    from mosaic.perf.analytic import AnalyticModel
-
-    pts = []
-    for n in gpus:
-        model = AnalyticModel(make_cluster(n, hardware))
-        pts += [CommPoint(kind="allreduce", num_gpus=n, num_bytes=x,
-                          time_s=model.allreduce_s(x, list(range(n))), source="analytic")
-                for x in COMM_BYTES]
-    model = AnalyticModel(make_cluster(2, hardware))
-    pts += [CommPoint(kind="p2p", num_gpus=2, num_bytes=x, time_s=model.transfer_s(x, [0], [1]),
-                      source="analytic") for x in COMM_BYTES]
-    return pts
 
 
 # --- the whole run -------------------------------------------------------------------------------
@@ -405,8 +388,9 @@ def _profile_one(name: str, cfg: ProfilerConfig, db: ProfileDB, bank: StreamBank
 
 
 def _comm(hardware: str, log: Callable[[str], None]) -> list[CommPoint]:
-    """Analytic curves always (labelled so); NCCL measurements too when several GPUs exist."""
-    pts = analytic_comm(hardware)
+    """NCCL measurements when several GPUs exist. No analytic rows: the DB holds measurements,
+    and the performance model falls back to its own link model where a curve is missing."""
+    pts: list[CommPoint] = []
     world = torch.cuda.device_count()
     if world > 1:
         try:

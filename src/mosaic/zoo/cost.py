@@ -20,7 +20,6 @@ import argparse
 import math
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -32,10 +31,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 # ModuleCost and COUNT_BATCH live in the torch-free table module (planning reads them without
 # torch); imported here under their old names too.
-from mosaic.zoo.cost_table import COUNT_BATCH, ModuleCost
-
-if TYPE_CHECKING:
-    from mosaic.zoo.base import ZooModel
+from mosaic.zoo.cost_table import COUNT_BATCH, ModuleCost, ZooModel
 
 BF16_BYTES = 2
 """Activations are counted as if held in bf16, as they are under autocast on the GPU."""

@@ -22,12 +22,22 @@ import json
 from dataclasses import asdict, dataclass
 from importlib import metadata
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from mosaic.files import write_text_atomic
 
-if TYPE_CHECKING:
-    from mosaic.zoo.base import ZooModel
+
+class ZooModel(Protocol):
+    """What counting needs of a zoo model (`mosaic.zoo.base.ZooModel` is one). A protocol,
+    not an import: base.py reads this table, so importing base here would close a circle."""
+
+    name: str
+    edges: tuple[tuple[str, str], ...]
+
+    def preset(self, name: str) -> Any: ...
+    def in_shapes(self, preset: str) -> dict[str, list[Any]]: ...
+    def predecessors(self, name: str) -> list[str]: ...
+    def make_inputs(self, preset: str, batch_size: int, generator: Any) -> dict[str, Any]: ...
 
 COUNT_BATCH = 2
 """Samples per counting pass (2, not 1, so batch-broadcast shapes are not mistaken for sizes)."""
