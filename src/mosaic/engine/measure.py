@@ -103,6 +103,8 @@ class PlanMeasurement:
     gpu_util: float | None = None
     grad_error: dict[str, float] = field(default_factory=dict)
     """Per module: relative gradient difference from the reference at identical weights."""
+    startup_s: float = 0.0
+    """This rank's seconds to build the plan's session and capture its graphs (0: a user program)."""
 
     @property
     def median_s(self) -> float:
@@ -132,6 +134,7 @@ class _Contender:
     """This rank's samples (they depend on the placement)."""
     session: RankSession | None = None
     program: UserProgram | None = None
+    startup_s: float = 0.0
 
 
 @dataclass(slots=True)
@@ -181,8 +184,10 @@ def _setup(model, preset: str, graph: MMGraph, plans: dict[str, Plan], gpu: GPUS
     contenders: dict[str, _Contender] = {}
     try:
         for label, plan in plans.items():
+            start = time.perf_counter()
             session = RankSession.create(plan, graph, modules, d, gpu, engine, views=views)
             contenders[label] = _plan_contender(label, session, batch)
+            contenders[label].startup_s = time.perf_counter() - start
     except BaseException:
         _close(contenders)
         raise
@@ -387,7 +392,9 @@ def measure_plans(model, preset: str, graph: MMGraph, plans: dict[str, Plan], gp
     try:
         _check_losses("eager", _losses(s))
         for c in s.contenders.values():
+            start = time.perf_counter()
             c.session.capture_graphs()
+            c.startup_s += time.perf_counter() - start
         _add_user_programs(s, config)
         checks: dict[str, Any] = {"compile": s.compiled.to_dict()}
         errors: dict[str, dict[str, float]] = {}
@@ -401,7 +408,7 @@ def measure_plans(model, preset: str, graph: MMGraph, plans: dict[str, Plan], gp
                 label=label, plan=plans.get(label), step_times_s=times[label],
                 pool=c.session.pool.describe() if c.session else {},
                 timeline=_timeline(s, c), gpu_util=_nvml_util(s, c, config.nvml_seconds),
-                grad_error=errors.get(label, {})))
+                grad_error=errors.get(label, {}), startup_s=c.startup_s))
         return results, checks
     finally:
         _close(s.contenders)

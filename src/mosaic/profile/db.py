@@ -21,6 +21,10 @@ the performance model opens it read-only. Schema (SCHEMA_VERSION 1):
 - `comm(kind, num_gpus, num_bytes, time_s, source)`: kind in COMM_KINDS (allreduce,
   reduce_scatter, all_gather, broadcast, p2p, p2p_bidir), source measured | analytic.
 - `fits(name, params_json, mape, n_points, created)`: fitted models and their held-out error.
+- `iterations(plan_json, label, model, preset, global_batch, num_gpus, predicted_s,
+  engine_term_s, measured_s, engine, perf_model, date)`: whole iterations measured by
+  autotune (mosaic/autotune.py), the evidence `perf/engine_term.py` refits on. Created on the
+  first write, so DBs made before it still open (same SCHEMA_VERSION; readers see none).
 """
 
 from __future__ import annotations
@@ -68,6 +72,15 @@ CREATE TABLE comm (
 CREATE TABLE fits (
   name TEXT PRIMARY KEY, params_json TEXT NOT NULL, mape REAL, n_points INTEGER,
   created TEXT NOT NULL);
+"""
+
+
+_ITERATIONS = """
+CREATE TABLE IF NOT EXISTS iterations (
+  plan_json TEXT NOT NULL, label TEXT NOT NULL, model TEXT NOT NULL, preset TEXT NOT NULL,
+  global_batch INTEGER NOT NULL, num_gpus INTEGER NOT NULL, predicted_s REAL NOT NULL,
+  engine_term_s REAL NOT NULL, measured_s REAL NOT NULL, engine TEXT NOT NULL,
+  perf_model TEXT NOT NULL, date TEXT NOT NULL);
 """
 
 
@@ -179,6 +192,27 @@ class FitRecord:
     mape: float | None
     n_points: int
     created: str
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class IterationRecord:
+    """One plan's whole iteration, predicted and measured (an autotune measurement)."""
+
+    plan_json: str
+    label: str
+    model: str
+    preset: str
+    global_batch: int
+    num_gpus: int
+    predicted_s: float
+    """The model's full prediction, engine term included."""
+    engine_term_s: float
+    """The engine term inside predicted_s (0 without one): refits subtract it."""
+    measured_s: float
+    engine: str
+    """engine_term.engine_kind of the engine it ran on."""
+    perf_model: str
+    date: str
 
 
 # --- helpers -------------------------------------------------------------------------------
@@ -351,7 +385,30 @@ class ProfileDB:
                     [(fit.name, json.dumps(fit.params, sort_keys=True), fit.mape, fit.n_points,
                       fit.created)])
 
+    def add_iterations(self, records: list[IterationRecord]) -> None:
+        """Append measured iterations, creating the table in a DB made before it existed."""
+        if not self.readonly:  # else _write below raises the read-only error
+            self.conn.execute(_ITERATIONS)
+        self._write("INSERT INTO iterations VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    [(r.plan_json, r.label, r.model, r.preset, r.global_batch, r.num_gpus,
+                      r.predicted_s, r.engine_term_s, r.measured_s, r.engine, r.perf_model,
+                      r.date) for r in records])
+
     # readers ----------------------------------------------------------------------------------
+    def has_table(self, name: str) -> bool:
+        return self.conn.execute("SELECT 1 FROM sqlite_master WHERE name = ?",
+                                 (name,)).fetchone() is not None
+
+    def iterations(self) -> list[IterationRecord]:
+        """Recorded iterations, oldest first ([] in a DB made before the table existed)."""
+        if not self.has_table("iterations"):
+            return []
+        rows = self.conn.execute("SELECT * FROM iterations ORDER BY date, rowid").fetchall()
+        return [IterationRecord(plan_json=r[0], label=r[1], model=r[2], preset=r[3],
+                                global_batch=r[4], num_gpus=r[5], predicted_s=r[6],
+                                engine_term_s=r[7], measured_s=r[8], engine=r[9],
+                                perf_model=r[10], date=r[11]) for r in rows]
+
     def modules(self) -> list[ModuleRecord]:
         rows = self.conn.execute("SELECT model, preset, module, signature, spec_json FROM modules"
                                  " ORDER BY model, preset, module").fetchall()

@@ -1,0 +1,242 @@
+"""Measured plan selection: the model proposes, a short measurement decides.
+
+The performance model ranks plans well but not perfectly (whole-iteration errors of a few
+percent, larger on an engine it was not fitted for), and plans it predicts within a few
+percent of each other are a coin toss. So: take the K best distinct predicted plans of every
+planner, add the baselines (megatron, distmm, spindle: always candidates, so the chosen plan
+is never measured slower than the best baseline), measure them all briefly in one process
+per GPU with `measure_plans` (interleaved rounds, gradients checked), and keep the fastest.
+Every measurement is written to the ProfileDB `iterations` table, so the next engine-term
+refit (perf/engine_term.py) learns from every autotune run.
+
+`measure_plans` is collective: under torchrun every rank calls `autotune` together; the
+candidates are made on rank 0 and shared, so every rank measures the same plans.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import sqlite3
+import time
+import warnings
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from mosaic.engine.measure import BASELINES, BenchConfig, PlanMeasurement, measure_plans
+from mosaic.engine.session import EngineConfig, start_distributed
+from mosaic.errors import MosaicError
+from mosaic.graph import MMGraph
+from mosaic.hardware import ClusterSpec
+from mosaic.perf.base import PerfModel
+from mosaic.perf.engine_term import engine_kind
+from mosaic.plan import Plan, PlanError
+from mosaic.profile.db import IterationRecord, ProfileDB, ProfileDBError
+
+CANDIDATE_PLANNERS = ("mosaic", "mosaic-partition", "mosaic-unaware", "exhaustive", "gahc",
+                      *BASELINES)
+EXHAUSTIVE_MAX_MODULES = 6
+"""Exhaustive search only where it is cheap: its space grows as the Bell numbers."""
+SEARCH_LIMIT_S = 10.0
+"""Wall-time cap of the exhaustive and GAHC searches (a start-up cost, not a training one)."""
+
+
+class AutotuneError(MosaicError):
+    """Autotune asked for something it cannot do; the message names the field and the fix."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class AutotuneConfig:
+    k: int = 3
+    """The K best distinct predicted plans are measured (plus the baselines)."""
+    rounds: int = 2
+    steps_per_round: int = 3
+    warmup_steps: int = 2
+    engine: EngineConfig = field(default_factory=lambda: EngineConfig(graphs=True))
+    planners: tuple[str, ...] = CANDIDATE_PLANNERS
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.k < 1:
+            raise AutotuneError(f"k={self.k}: autotune measures the K best plans; give K >= 1")
+        if not set(BASELINES) <= set(self.planners):
+            raise AutotuneError(f"planners {self.planners} must include the baselines "
+                                f"{BASELINES}: they guarantee no slower-than-baseline choice")
+
+
+@dataclass(frozen=True, slots=True)
+class TuneMeasurement:
+    label: str
+    predicted_s: float
+    measured_s: float
+    startup_s: float
+    """Seconds to build and capture this plan's session (rank 0)."""
+    baseline: bool
+    same_as: tuple[str, ...] = ()
+    """Other planners whose plan had the same placement structure (measured once)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"label": self.label, "predicted_s": self.predicted_s,
+                "measured_s": self.measured_s, "startup_s": self.startup_s,
+                "baseline": self.baseline, "same_as": list(self.same_as)}
+
+
+@dataclass(frozen=True, slots=True)
+class AutotuneResult:
+    plan: Plan
+    """The fastest measured candidate, `meta["autotune"]` saying how it was chosen."""
+    label: str
+    measurements: tuple[TuneMeasurement, ...]
+    startup_s: float
+    """Wall seconds of the whole autotune: planning, building, capturing and measuring."""
+    best_baseline_s: float
+
+    @property
+    def measured_s(self) -> float:
+        return next(m.measured_s for m in self.measurements if m.label == self.label)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"chosen": self.label, "startup_s": self.startup_s,
+                "best_baseline_s": self.best_baseline_s,
+                "measurements": [m.to_dict() for m in self.measurements]}
+
+
+# --- candidates ----------------------------------------------------------------------------
+def plan_key(plan: Plan) -> tuple:
+    """The placement structure: equal keys run identically, whatever planner made them."""
+    return (plan.micro_batches, tuple(
+        (s.sharing, tuple(sorted((p.module, tuple(p.gpus), round(p.sm_share, 4), p.priority)
+                                 for p in s.placements))) for s in plan.stages))
+
+
+def _run_planner(name: str, graph: MMGraph, cluster: ClusterSpec, perf: PerfModel) -> Plan | None:
+    """The planner's plan, or None where it has none here (too costly, or no plan fits)."""
+    from mosaic.planners import get_planner
+    from mosaic.planners.exhaustive import ExhaustiveConfig, plan_exhaustive
+    from mosaic.planners.gahc import GAHCConfig, plan_gahc
+
+    try:
+        if name == "exhaustive":
+            if len(graph.modules) > EXHAUSTIVE_MAX_MODULES:
+                return None
+            return plan_exhaustive(graph, cluster, perf, ExhaustiveConfig(time_limit_s=SEARCH_LIMIT_S))
+        if name == "gahc":
+            return plan_gahc(graph, cluster, perf, GAHCConfig(time_limit_s=SEARCH_LIMIT_S))
+        return get_planner(name)(graph, cluster, perf)
+    except PlanError:
+        return None
+
+
+def candidate_plans(graph: MMGraph, cluster: ClusterSpec, perf: PerfModel, k: int,
+                    planners: tuple[str, ...] = CANDIDATE_PLANNERS
+                    ) -> tuple[dict[str, Plan], dict[str, list[str]]]:
+    """The K best distinct predicted plans plus every baseline's, by label (the planner that
+    made it), best predicted first; and per label the other planners that made the same plan."""
+    made = [p for p in (_run_planner(n, graph, cluster, perf) for n in planners) if p is not None]
+    if not made:
+        raise AutotuneError(f"no planner of {planners} found a plan of {graph.name} on "
+                            f"{cluster.num_gpus} GPU(s); check --gpus and --batch")
+    made.sort(key=lambda p: (p.predicted_iteration_s, p.planner in BASELINES))
+    chosen: dict[tuple, str] = {}
+    aliases: dict[str, list[str]] = {}
+    for p in made:
+        key = plan_key(p)
+        if key in chosen:
+            aliases[chosen[key]].append(p.planner)
+        elif len(chosen) < k or p.planner in BASELINES:
+            chosen[key] = p.planner
+            aliases[p.planner] = []
+    plans = {p.planner: p for p in made if p.planner in aliases}
+    return plans, aliases
+
+
+# --- measuring -----------------------------------------------------------------------------
+def _bench_config(config: AutotuneConfig) -> BenchConfig:
+    """Brief: the plans alone (no user programs), no NVML pass; gradients still checked, so a
+    plan that computes something else can never win."""
+    return BenchConfig(rounds=config.rounds, steps_per_round=config.steps_per_round,
+                       warmup_steps=config.warmup_steps, engine=config.engine, user_programs=(),
+                       nvml_seconds=0.0, seed=config.seed)
+
+
+def _records(measured: list[PlanMeasurement], aliases: dict[str, list[str]]
+             ) -> tuple[TuneMeasurement, ...]:
+    return tuple(TuneMeasurement(
+        label=m.label, predicted_s=float(m.plan.predicted_iteration_s or 0.0),
+        measured_s=m.median_s, startup_s=m.startup_s,
+        baseline=bool({m.label, *aliases.get(m.label, [])} & set(BASELINES)),
+        same_as=tuple(aliases.get(m.label, []))) for m in measured)
+
+
+def autotune(model: Any, preset: str, graph: MMGraph, cluster: ClusterSpec, perf: PerfModel,
+             config: AutotuneConfig | None = None, *, db: str | Path | None = None
+             ) -> AutotuneResult:
+    """The fastest measured of the candidate plans (collective: every rank calls it). `db`:
+    a ProfileDB to append the measurements to (rank 0 writes; None: not recorded)."""
+    from mosaic.engine.comm import share_from_rank0
+
+    config = config or AutotuneConfig()
+    start = time.perf_counter()
+    d = start_distributed(None)
+    try:
+        shared = share_from_rank0(lambda: _shared_candidates(graph, cluster, perf, config),
+                                  d.device)
+        plans = {k: Plan.from_dict(v) for k, v in shared["plans"].items()}
+        measured, _ = measure_plans(model, preset, graph, plans, cluster.gpu,
+                                    _bench_config(config))
+    finally:
+        if d.owns_group:
+            import torch.distributed as dist
+
+            dist.destroy_process_group()
+    records = _records(measured, shared["aliases"])
+    result = _choose(records, plans, time.perf_counter() - start)
+    if db is not None and d.rank == 0:
+        try:
+            record_iterations(db, graph, preset, result, plans, perf, _measured_engine(config, d))
+        except (ProfileDBError, sqlite3.Error) as exc:  # the choice stands; only the record is lost
+            warnings.warn(f"autotune: measurements not recorded in {db}: {exc}", stacklevel=2)
+    return result
+
+
+def _shared_candidates(graph: MMGraph, cluster: ClusterSpec, perf: PerfModel,
+                       config: AutotuneConfig) -> dict[str, Any]:
+    plans, aliases = candidate_plans(graph, cluster, perf, config.k, config.planners)
+    return {"plans": {k: p.to_dict() for k, p in plans.items()}, "aliases": aliases}
+
+
+def _measured_engine(config: AutotuneConfig, d: Any) -> str:
+    """The engine the plans actually ran on (measure_plans turns CUDA graphs off on CPU)."""
+    graphs = config.engine.graphs and d.device.type == "cuda"
+    return engine_kind({"graphs": graphs, "compile": config.engine.compile}) + (
+        "" if d.device.type == "cuda" else "@cpu")
+
+
+def _choose(records: tuple[TuneMeasurement, ...], plans: dict[str, Plan],
+            startup_s: float) -> AutotuneResult:
+    """The fastest measured plan; baselines are candidates, so it is never slower than the best."""
+    best = min(records, key=lambda r: r.measured_s)
+    best_baseline = min(r.measured_s for r in records if r.baseline)
+    info = {"chosen_from": [r.to_dict() for r in records], "startup_s": startup_s,
+            "best_baseline_s": best_baseline}
+    plan = replace(plans[best.label], meta={**plans[best.label].meta, "autotune": info})
+    return AutotuneResult(plan=plan, label=best.label, measurements=records, startup_s=startup_s,
+                          best_baseline_s=best_baseline)
+
+
+def record_iterations(db_path: str | Path, graph: MMGraph, preset: str, result: AutotuneResult,
+                      plans: dict[str, Plan], perf: PerfModel, engine: str) -> int:
+    """Append every measurement to the DB's `iterations` table; returns the rows written."""
+    date = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+    term = getattr(perf, "engine_term_s", None)
+    rows = [IterationRecord(
+        plan_json=json.dumps(plans[m.label].to_dict(), sort_keys=True), label=m.label,
+        model=graph.name, preset=preset, global_batch=graph.global_batch,
+        num_gpus=plans[m.label].num_gpus, predicted_s=m.predicted_s,
+        engine_term_s=float(term(plans[m.label], graph)) if term else 0.0,
+        measured_s=m.measured_s, engine=engine, perf_model=perf.describe(), date=date)
+        for m in result.measurements]
+    with ProfileDB.open(db_path, readonly=False) as db:
+        db.add_iterations(rows)
+    return len(rows)

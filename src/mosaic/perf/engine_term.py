@@ -1,0 +1,297 @@
+"""A fitted per-step engine term: what whole iterations cost beyond the composed prediction.
+
+The profiled model composes module surfaces, interference and comm; the engine adds work no
+surface sees (launches, per-stage synchronisation, per-parameter optimizer and gradient
+bookkeeping), and a compiled engine runs kernels faster than the eagerly profiled surfaces.
+From bench rows (predicted_iteration_s, measured_iteration_s, the plan) this fits
+
+    measured - predicted = sum_i coef_i * feature_i(plan, graph, predicted)
+
+by weighted least squares (weights 1 / measured: the error that matters is relative), with
+the feature set chosen by leave-one-file-out error: a term that does not predict files it
+was not fitted on is not kept. Engines differ (eager vs CUDA graphs + Inductor), so each
+engine kind gets its own fit, stored as `engine_term.<kind>` in the ProfileDB `fits` table
+and applied only to predictions for that kind (ProfiledModel(engine=kind)).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from scipy.optimize import least_squares
+
+from mosaic.errors import MosaicError
+from mosaic.graph import MMGraph
+from mosaic.plan import Plan, PlanError
+from mosaic.profile.db import FitRecord, ProfileDB
+
+FIT_PREFIX = "engine_term."
+FEATURES = ("const", "stages", "busiest_modules", "params", "predicted")
+"""const: 1 (seconds per step); stages: plan stages (a synchronisation each); busiest_modules:
+most placements on one GPU (launch and hook work per module); params: parameters on the GPU
+holding most (optimizer and gradient bookkeeping per parameter); predicted: the composed
+prediction itself (kernels uniformly faster or slower than profiled, e.g. Inductor)."""
+FEATURE_SETS: tuple[tuple[str, ...], ...] = (
+    ("const",), ("predicted",), ("const", "predicted"), ("const", "params"),
+    ("const", "stages"), ("const", "busiest_modules"), ("const", "stages", "params"),
+    ("const", "busiest_modules", "params"), ("const", "params", "predicted"),
+    ("const", "stages", "busiest_modules", "params"),
+)
+"""Candidates, fewest features first (a tie in held-out error keeps the simpler term)."""
+PERCENT = 100.0
+MIN_FRACTION = 0.1
+"""A corrected iteration is at least this fraction of the composed prediction."""
+
+
+class EngineTermError(MosaicError):
+    """Rows an engine term cannot be fitted on; the message names what is missing and the fix."""
+
+
+@dataclass(frozen=True, slots=True)
+class IterationRow:
+    """One measured plan: its composed prediction (without any engine term) and measurement."""
+
+    group: str
+    """Held-out unit: the results file (or DB run) it came from."""
+    engine: str
+    features: dict[str, float]
+    predicted_s: float
+    measured_s: float
+    label: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class EngineTerm:
+    """measured - predicted = coef . features, for one engine kind."""
+
+    engine: str
+    features: tuple[str, ...]
+    coef: tuple[float, ...]
+    mape: float | None = None
+    """Held-out (leave-one-file-out) MAPE of the corrected prediction, percent."""
+    baseline_mape: float | None = None
+    """The same rows' MAPE without the term, percent."""
+    n_points: int = 0
+    groups: tuple[str, ...] = ()
+
+    def seconds(self, features: dict[str, float]) -> float:
+        """The term for one plan; never below -90% of the composed prediction (a term fitted on
+        a few runs, extrapolated far, must not predict a free or negative iteration)."""
+        term = sum(c * features[f] for f, c in zip(self.features, self.coef, strict=True))
+        return float(max(term, (MIN_FRACTION - 1.0) * features["predicted"]))
+
+    def describe(self) -> str:
+        unit = {"const": "{:+.3g} ms", "stages": "{:+.3g} ms/stage",
+                "busiest_modules": "{:+.3g} ms/module", "params": "{:+.3g} ns/param",
+                "predicted": "{:+.3g}% x predicted"}
+        scale = {"params": 1e9, "predicted": PERCENT}
+        terms = " ".join(unit[f].format(c * scale.get(f, 1e3))
+                           for f, c in zip(self.features, self.coef, strict=True))
+        err = (f", held-out MAPE {self.mape:.1f}% (uncorrected {self.baseline_mape:.1f}%)"
+               if self.mape is not None and self.baseline_mape is not None else "")
+        return (f"engine term [{self.engine}]: {terms}; fitted on {self.n_points} iterations "
+                f"from {len(self.groups)} runs{err}")
+
+    def to_fit(self) -> FitRecord:
+        params = {"engine": self.engine, "features": list(self.features),
+                  "coef": list(self.coef), "baseline_mape": self.baseline_mape,
+                  "groups": list(self.groups)}
+        return FitRecord(name=FIT_PREFIX + self.engine, params=params, mape=self.mape,
+                         n_points=self.n_points,
+                         created=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"))
+
+    @classmethod
+    def from_fit(cls, fit: FitRecord) -> EngineTerm | None:
+        """None when the stored record is not one this code can apply (features changed)."""
+        p = fit.params
+        try:
+            features, coef = tuple(p["features"]), tuple(float(c) for c in p["coef"])
+        except (KeyError, TypeError, ValueError):
+            return None
+        if set(features) - set(FEATURES) or len(features) != len(coef):
+            return None
+        return cls(engine=str(p.get("engine", fit.name.removeprefix(FIT_PREFIX))),
+                   features=features, coef=coef, mape=fit.mape,
+                   baseline_mape=p.get("baseline_mape"), n_points=fit.n_points or 0,
+                   groups=tuple(p.get("groups", ())))
+
+
+# --- features ------------------------------------------------------------------------------
+def engine_kind(engine: dict[str, Any] | None) -> str:
+    """The engine a measurement ran on, from a bench JSON's `engine` record: results without
+    one come from the older eager engine; otherwise 'graphs' and/or 'compile-<mode>'."""
+    if not engine:
+        return "eager"
+    parts = (["graphs"] if engine.get("graphs") else []) + (
+        [f"compile-{engine['compile']}"] if engine.get("compile") else [])
+    return "+".join(parts) or "eager"
+
+
+def plan_features(plan: Plan, graph: MMGraph, predicted_s: float) -> dict[str, float]:
+    """FEATURES of one plan; `predicted_s` is its composed prediction without an engine term."""
+    modules: dict[int, int] = {}
+    params: dict[int, int] = {}
+    for stage in plan.stages:
+        for p in stage.placements:
+            for g in p.gpus:
+                modules[g] = modules.get(g, 0) + 1
+                params[g] = params.get(g, 0) + graph.module(p.module).num_params
+    return {"const": 1.0, "stages": float(len(plan.stages)),
+            "busiest_modules": float(max(modules.values(), default=0)),
+            "params": float(max(params.values(), default=0)), "predicted": float(predicted_s)}
+
+
+# --- rows ----------------------------------------------------------------------------------
+def _graph(model: str, preset: str, global_batch: int, cache: dict) -> MMGraph:
+    key = (model, preset, global_batch)
+    if key not in cache:
+        from mosaic.zoo import get_model
+
+        cache[key] = get_model(model).graph(preset, global_batch=global_batch)
+    return cache[key]
+
+
+def rows_from_results(paths: str | Path | Iterable[str | Path]) -> list[IterationRow]:
+    """Plan rows of `mosaic bench` results predicted by the profiled model (the term corrects
+    that model; an analytic prediction has other errors). User programs have no plan: skipped."""
+    from mosaic.perf.results import bench_result_files, load_bench_result
+
+    rows: list[IterationRow] = []
+    graphs: dict = {}
+    for name, path in bench_result_files(paths):
+        report = load_bench_result(path) or {}
+        if not str(report.get("perf_model", "")).startswith("profiled"):
+            continue
+        kind = engine_kind(report.get("engine"))
+        graph = _graph(report["model"], report["preset"], int(report["global_batch"]), graphs)
+        for r in report.get("results", []):
+            if r.get("plan") and r.get("predicted_iteration_s") and r.get("measured_iteration_s"):
+                rows.append(_row(name, kind, Plan.from_dict(r["plan"]), graph,
+                                 float(r["predicted_iteration_s"]),
+                                 float(r["measured_iteration_s"]), str(r.get("planner", ""))))
+    return rows
+
+
+def rows_from_db(db: ProfileDB) -> list[IterationRow]:
+    """Iterations recorded by autotune runs (one held-out group per run), profiled-model only;
+    `predicted_s - engine_term_s` is the composed prediction the term is fitted against."""
+    rows: list[IterationRow] = []
+    graphs: dict = {}
+    for it in db.iterations():
+        if not it.perf_model.startswith("profiled"):
+            continue
+        try:
+            plan = Plan.from_dict(json.loads(it.plan_json))
+        except (PlanError, ValueError):
+            continue  # a plan format this version cannot read: not evidence
+        graph = _graph(it.model, it.preset, it.global_batch, graphs)
+        rows.append(_row(f"db:{it.date}", it.engine, plan, graph,
+                         it.predicted_s - it.engine_term_s, it.measured_s, it.label))
+    return rows
+
+
+def _row(group: str, kind: str, plan: Plan, graph: MMGraph, predicted_s: float,
+         measured_s: float, label: str) -> IterationRow:
+    return IterationRow(group=group, engine=kind, features=plan_features(plan, graph, predicted_s),
+                        predicted_s=predicted_s, measured_s=measured_s, label=label)
+
+
+# --- fitting -------------------------------------------------------------------------------
+def _solve(rows: Sequence[IterationRow], features: Sequence[str]) -> np.ndarray:
+    """Weighted least squares on relative residuals, columns scaled to unit RMS (seconds and
+    parameter counts differ by 1e10: unscaled, the solver would see a singular problem)."""
+    x = np.array([[r.features[f] for f in features] for r in rows])
+    y = np.array([r.measured_s - r.predicted_s for r in rows])
+    w = 1.0 / np.array([r.measured_s for r in rows])
+    scale = np.sqrt(np.mean(x**2, axis=0))
+    scale[scale == 0] = 1.0
+    xs = x / scale
+
+    def resid(c: np.ndarray) -> np.ndarray:
+        return (xs @ c - y) * w
+
+    sol = least_squares(resid, np.zeros(len(features)), method="lm" if len(rows) > len(
+        features) else "trf")
+    return sol.x / scale
+
+
+def _mape(rows: Sequence[IterationRow], features: Sequence[str], coef: np.ndarray) -> float:
+    errs = [abs(r.predicted_s + sum(c * r.features[f] for f, c in zip(features, coef, strict=True))
+                - r.measured_s) / r.measured_s for r in rows]
+    return float(np.mean(errs)) * PERCENT
+
+
+def held_out_mape(rows: Sequence[IterationRow], features: Sequence[str]) -> float | None:
+    """Leave-one-group-out MAPE (percent); None when there are too few groups or points."""
+    groups = sorted({r.group for r in rows})
+    if len(groups) < 2:
+        return None
+    errs = []
+    for g in groups:
+        train = [r for r in rows if r.group != g]
+        test = [r for r in rows if r.group == g]
+        if len(train) < len(features) + 1:
+            return None
+        errs += [_mape([r], features, _solve(train, features)) for r in test]
+    return float(np.mean(errs))
+
+
+def fit_engine_term(rows: Sequence[IterationRow], engine: str,
+                    feature_sets: Sequence[Sequence[str]] = FEATURE_SETS) -> EngineTerm:
+    """The feature set with the least held-out error, refitted on every row of `engine`."""
+    mine = [r for r in rows if r.engine == engine]
+    if len({r.group for r in mine}) < 2:
+        raise EngineTermError(
+            f"engine {engine!r}: {len(mine)} iteration rows from {len({r.group for r in mine})}"
+            " run(s); a held-out error needs at least 2 runs: add `mosaic bench` results JSON "
+            "(--fit-engine-term DIR) or autotune runs of this engine")
+    scored = [(err, len(fs), tuple(fs)) for fs in feature_sets
+              if (err := held_out_mape(mine, fs)) is not None]
+    if not scored:
+        raise EngineTermError(f"engine {engine!r}: {len(mine)} rows are too few for any feature "
+                              f"set; add more bench results of this engine")
+    err, _, features = min(scored)
+    coef = _solve(mine, features)
+    baseline = float(np.mean([abs(r.predicted_s / r.measured_s - 1) for r in mine])) * PERCENT
+    return EngineTerm(engine=engine, features=features, coef=tuple(map(float, coef)), mape=err,
+                      baseline_mape=baseline, n_points=len(mine),
+                      groups=tuple(sorted({r.group for r in mine})))
+
+
+def fit_engine_terms(rows: Sequence[IterationRow]) -> dict[str, EngineTerm]:
+    """One term per engine kind that has enough rows; kinds with too few are left out."""
+    terms = {}
+    for kind in sorted({r.engine for r in rows}):
+        try:
+            terms[kind] = fit_engine_term(rows, kind)
+        except EngineTermError:
+            continue
+    return terms
+
+
+def refit(db_path: str | Path, results: Sequence[str | Path] = ()) -> dict[str, EngineTerm]:
+    """Fit every engine kind on the bench results given plus the DB's recorded iterations,
+    and store each term in the DB's `fits` table (replacing that kind's previous fit)."""
+    with ProfileDB.open(db_path, readonly=False) as db:
+        rows = (rows_from_results(list(results)) if results else []) + rows_from_db(db)
+        if not rows:
+            raise EngineTermError(f"no profiled-model iteration rows in {list(map(str, results))} "
+                                  f"nor in {db_path}'s iterations table; pass bench results JSON")
+        terms = fit_engine_terms(rows)
+        for term in terms.values():
+            db.add_fit(term.to_fit())
+    return terms
+
+
+def stored_term(db: ProfileDB, engine: str | None) -> EngineTerm | None:
+    """The DB's term for `engine`, or None (no engine kind given, or none fitted for it)."""
+    if engine is None:
+        return None
+    fit = next((f for f in db.fits() if f.name == FIT_PREFIX + engine), None)
+    return EngineTerm.from_fit(fit) if fit is not None else None

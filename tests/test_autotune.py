@@ -1,0 +1,112 @@
+"""Measured plan selection on CPU: timings are meaningless here, the choice logic is not."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from mosaic.autotune import (
+    AutotuneConfig,
+    AutotuneError,
+    autotune,
+    candidate_plans,
+    plan_key,
+)
+from mosaic.engine.measure import BASELINES
+from mosaic.engine.session import EngineConfig
+from mosaic.hardware import make_cluster
+from mosaic.perf import make_perf_model
+from mosaic.profile.db import ProfileDB
+from mosaic.zoo import get_model
+
+CPU = {"steps_per_round": 1, "warmup_steps": 1, "engine": EngineConfig(graphs=False)}
+
+
+def _setup(name):
+    model = get_model(name)
+    graph = model.graph("tiny")
+    cluster = make_cluster(1, "h200")
+    return model, graph, cluster, make_perf_model("profiled", cluster, preset="tiny")
+
+
+def test_candidates_are_the_k_best_distinct_plans_plus_every_baseline():
+    _, graph, cluster, perf = _setup("ofasys")
+    plans, aliases = candidate_plans(graph, cluster, perf, k=2)
+    keys = [plan_key(p) for p in plans.values()]
+    assert len(set(keys)) == len(keys)  # distinct placement structures
+    covered = {label for label in plans} | {a for al in aliases.values() for a in al}
+    assert set(BASELINES) <= covered
+    others = [p for p in plans.values() if p.planner not in BASELINES]
+    assert len(others) <= 2
+    best = min(p.predicted_iteration_s for p in plans.values())
+    assert best in [p.predicted_iteration_s for p in others] or not others
+
+
+def test_config_refuses_k0_and_planners_without_baselines():
+    with pytest.raises(AutotuneError, match="K >= 1"):
+        AutotuneConfig(k=0)
+    with pytest.raises(AutotuneError, match="baselines"):
+        AutotuneConfig(planners=("mosaic",))
+
+
+@pytest.mark.parametrize("name", ["clip", "ofasys"])
+def test_autotune_picks_the_fastest_measured_and_records_it(name, tmp_path):
+    model, graph, cluster, perf = _setup(name)
+    db = tmp_path / "profile.sqlite"
+    ProfileDB.create(db, hardware="h200", num_sms=132).close()
+    config = AutotuneConfig(k=2, planners=("mosaic", "mosaic-unaware", *BASELINES), **CPU)
+    result = autotune(model, "tiny", graph, cluster, perf, config, db=db)
+    measured = {m.label: m.measured_s for m in result.measurements}
+    assert result.measured_s == min(measured.values())
+    assert result.measured_s <= result.best_baseline_s
+    assert any(m.baseline for m in result.measurements)
+    assert all(m.startup_s > 0 and m.predicted_s > 0 for m in result.measurements)
+    assert result.plan.meta["autotune"]["best_baseline_s"] == result.best_baseline_s
+    assert result.startup_s > 0
+    with ProfileDB.open(db) as d:
+        rows = d.iterations()
+    assert {r.label: r.measured_s for r in rows} == measured
+    assert {r.engine for r in rows} == {"eager@cpu"}  # CPU rows never mix with a GPU engine's
+    assert all(r.model == name and r.num_gpus == 1 for r in rows)
+
+
+@pytest.mark.slow
+def test_bench_autotune_under_torchrun_two_processes(tmp_path):
+    """Two gloo processes measure the candidates together; `autotune` joins the bench plans."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    result = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+         "-m", "mosaic", "bench", "clip", "--gpus", "2", "--preset", "tiny", "--perf-model",
+         "analytic", "--planners", "megatron,mosaic", "--rounds", "1", "--steps-per-round", "1",
+         "--warmup", "1", "--user-programs", "none", "--autotune", "1", "--cpu-smoke",
+         "--out", str(tmp_path), "--json"],
+        capture_output=True, text=True, timeout=120, env=env)
+    assert result.returncode == 0, result.stderr[-2000:]
+    report = json.loads((tmp_path / "bench.json").read_text())
+    labels = {r["planner"] for r in report["results"]}
+    assert labels == {"megatron", "mosaic", "autotune"}
+    tuned = report["autotune"]
+    best = min(m["measured_s"] for m in tuned["measurements"])
+    chosen = next(m for m in tuned["measurements"] if m["label"] == tuned["chosen"])
+    assert chosen["measured_s"] == best <= tuned["best_baseline_s"]
+    assert "autotune: chose" in result.stderr
+
+
+def test_train_autotune_trains_the_chosen_plan(tmp_path, capsys):
+    from mosaic.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["train", "clip", "--preset", "tiny", "--steps", "2", "--perf-model", "analytic",
+              "--autotune", "1", "--out", str(tmp_path)])
+    assert exit_.value.code == 0
+    err = capsys.readouterr().err
+    assert "autotune: chose" in err
+    plan = json.loads((tmp_path / "plan.json").read_text())
+    assert plan["meta"]["autotune"]["best_baseline_s"] > 0
+    with pytest.raises(SystemExit) as exit_:
+        main(["train", "clip", "--plan", str(tmp_path / "plan.json"), "--autotune", "1"])
+    assert exit_.value.code == 2

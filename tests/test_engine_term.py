@@ -1,0 +1,152 @@
+"""The fitted per-step engine term: recovery on synthetic rows, the repo's bench results, and
+how the profiled model applies it (only for the engine kind it was fitted on)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from mosaic.cli import main
+from mosaic.hardware import make_cluster
+from mosaic.perf.engine_term import (
+    FIT_PREFIX,
+    EngineTermError,
+    IterationRow,
+    engine_kind,
+    fit_engine_term,
+    fit_engine_terms,
+    held_out_mape,
+    plan_features,
+    refit,
+    rows_from_db,
+    rows_from_results,
+)
+from mosaic.perf.profiled import ProfiledModel
+from mosaic.planners import plan_all
+from mosaic.profile.db import IterationRecord, ProfileDB, default_db_path
+from mosaic.zoo import get_model
+
+RESULTS = "benchmarks/results"
+
+
+def _synthetic(engine="eager", const=8e-4, per_param=1.6e-9, groups=6, seed=0, sigma=1e-4):
+    """Rows whose measured - predicted is exactly const + per_param * params (+ noise)."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for g in range(groups):
+        for _ in range(5):
+            params = float(rng.uniform(1e6, 5e8))
+            predicted = float(rng.uniform(5e-3, 5e-2))
+            feats = {"const": 1.0, "stages": float(rng.integers(1, 4)),
+                     "busiest_modules": float(rng.integers(1, 6)), "params": params,
+                     "predicted": predicted}
+            measured = predicted + const + per_param * params + rng.normal(0, sigma)
+            rows.append(IterationRow(group=f"file{g}", engine=engine, features=feats,
+                                     predicted_s=predicted, measured_s=measured))
+    return rows
+
+
+def test_a_known_linear_term_is_recovered():
+    rows = _synthetic()
+    term = fit_engine_term(rows, "eager", feature_sets=[("const", "params")])
+    assert term.coef[0] == pytest.approx(8e-4, rel=0.1)
+    assert term.coef[1] == pytest.approx(1.6e-9, rel=0.05)
+    assert term.mape < 1.0 < term.baseline_mape
+    chosen = fit_engine_term(rows, "eager")  # feature set picked by held-out error
+    assert "params" in chosen.features and chosen.mape < 1.0
+    assert held_out_mape(rows, ("const",)) > chosen.mape
+
+
+def test_each_engine_kind_gets_its_own_fit():
+    rows = _synthetic("eager") + _synthetic("graphs+compile-default", const=-2e-3, per_param=0,
+                                            seed=1)
+    terms = fit_engine_terms(rows)
+    assert set(terms) == {"eager", "graphs+compile-default"}
+    f = {"const": 1.0, "stages": 2.0, "busiest_modules": 3.0, "params": 1e8, "predicted": 0.02}
+    assert terms["eager"].seconds(f) == pytest.approx(8e-4 + 0.16, rel=0.05)
+    assert terms["graphs+compile-default"].seconds(f) == pytest.approx(-2e-3, abs=3e-4)
+    with pytest.raises(EngineTermError, match="at least 2 runs"):
+        fit_engine_term(_synthetic(groups=1), "eager")
+
+
+def test_engine_kind_of_a_bench_engine_record():
+    assert engine_kind(None) == "eager"
+    assert engine_kind({"graphs": False, "compile": None}) == "eager"
+    assert engine_kind({"graphs": True, "compile": "default"}) == "graphs+compile-default"
+
+
+def test_the_repos_bench_results_fit_better_than_uncorrected():
+    rows = rows_from_results(RESULTS)
+    kinds = {r.engine for r in rows}
+    assert {"eager", "graphs+compile-default"} <= kinds
+    assert all(r.group != "bench_imagebind_small_analytic.json" for r in rows)  # analytic: out
+    for kind, term in fit_engine_terms(rows).items():
+        assert term.mape < term.baseline_mape, kind
+
+
+@pytest.fixture()
+def db_copy(tmp_path):
+    path = tmp_path / "h200.sqlite"
+    shutil.copy(default_db_path("h200"), path)
+    path.chmod(0o644)
+    return path
+
+
+def test_refit_stores_the_term_and_the_model_applies_it_per_engine(db_copy, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["model-error", "--fit-engine-term", f"{RESULTS}/h200-small", "--fit-engine-term",
+              f"{RESULTS}/engine-speed-h200", "--db", str(db_copy), "--json"])
+    assert exit_.value.code == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["eager"]["mape"] < out["eager"]["baseline_mape"]
+    with ProfileDB.open(db_copy) as db:
+        fits = {f.name: f for f in db.fits()}
+    assert fits[FIT_PREFIX + "eager"].mape == pytest.approx(out["eager"]["mape"])
+    cluster = make_cluster(1, "h200")
+    graph = get_model("clip").graph("small", global_batch=32)
+    plain = ProfiledModel(cluster, db_copy)
+    eager = ProfiledModel(cluster, db_copy, engine="eager")
+    other = ProfiledModel(cluster, db_copy, engine="graphs")  # no fit for it: not applied
+    assert "engine term [eager]" in eager.describe() and "held-out MAPE" in eager.describe()
+    assert "none fitted for 'graphs'" in other.describe()
+    for p in plan_all(graph, cluster, plain, ["megatron", "mosaic"]):
+        base = plain.iteration_time_s(p, graph)
+        assert other.iteration_time_s(p, graph) == base
+        assert eager.iteration_time_s(p, graph) == pytest.approx(base + eager.engine_term_s(p, graph))
+        assert eager.engine_term_s(p, graph) != 0
+
+
+def test_refit_needs_a_db_and_rows(db_copy, tmp_path):
+    assert main_code(["model-error", "--fit-engine-term", RESULTS]) == 2
+    with pytest.raises(EngineTermError, match="no profiled-model iteration rows"):
+        refit(db_copy, [])
+
+
+def main_code(argv):
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    return exit_.value.code
+
+
+def test_recorded_iterations_are_rows_with_the_term_taken_out(tmp_path):
+    path = tmp_path / "old.sqlite"
+    ProfileDB.create(path, hardware="h200", num_sms=132).close()
+    with ProfileDB.open(path) as db:  # a DB made before the table: opens, reads none
+        assert db.iterations() == [] and not db.has_table("iterations")
+    graph = get_model("clip").graph("tiny")
+    cluster = make_cluster(1, "h200")
+    plan = plan_all(graph, cluster, ProfiledModel(cluster), ["megatron"])[0]
+    rec = IterationRecord(plan_json=json.dumps(plan.to_dict()), label="megatron", model="clip",
+                          preset="tiny", global_batch=graph.global_batch, num_gpus=1,
+                          predicted_s=0.012, engine_term_s=0.002, measured_s=0.013,
+                          engine="eager", perf_model="profiled (x)", date="2026-11-30T00:00:00")
+    with ProfileDB.open(path, readonly=False) as db:
+        db.add_iterations([rec, rec])
+    with ProfileDB.open(path) as db:
+        assert db.iterations() == [rec, rec]
+        (row, _) = rows_from_db(db)
+    assert row.predicted_s == pytest.approx(0.010) and row.group == "db:2026-11-30T00:00:00"
+    assert row.features == plan_features(plan, graph, 0.010)
