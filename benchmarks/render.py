@@ -9,7 +9,8 @@ renderer, optionally with an argument after a colon: a path under results/, e.g.
 renderer; the prose around them is the author's. Renderers read only JSON and format it with
 fixed rules, so the output is deterministic and a figure cannot drift from its data.
 
-Renderers: one-gpu-bench[:DIR], green-probe[:FILE], bench:DIR_OR_FILE, iteration-error[:DIR].
+Renderers: one-gpu-bench[:DIR], green-probe[:FILE], bench:DIR_OR_FILE, iteration-error[:DIR],
+scaling-sim[:DIR].
 """
 
 from __future__ import annotations
@@ -233,8 +234,8 @@ def green_probe(results: Path, arg: str | None) -> str:
 # --- (c) any bench results: one row per results file ------------------------------------------
 
 def _result_files(results: Path, dir_or_files: str | Path | Iterable[str | Path]) -> list[Path]:
-    """What counts as a bench result is accuracy.py's rule, so the gate and tables agree."""
-    from mosaic.perf.accuracy import bench_result_files
+    """What counts as a bench result is perf/results.py's rule, so the gate and tables agree."""
+    from mosaic.perf.results import bench_result_files
 
     if isinstance(dir_or_files, str | Path):
         dir_or_files = [dir_or_files]
@@ -309,6 +310,43 @@ def iteration_error_table(dir_or_files: str | Path | Iterable[str | Path],
 @renderer("iteration-error")
 def iteration_error_block(results: Path, arg: str | None) -> str:
     return iteration_error_table(arg or ".", results)
+
+
+# --- simulated scaling (benchmarks/scaling_sim.py) --------------------------------------------
+
+SCALING_PLANNERS = (*BASELINES, "mosaic")
+
+
+@renderer("scaling-sim")
+def scaling_sim(results: Path, arg: str | None) -> str:
+    """One row per zoo model and GPU count: each planner's PREDICTED iteration time, mosaic's
+    throughput and gain over the best baseline, and mosaic's search time on the CPU."""
+    directory = results / (arg or "scaling-sim")
+    reports = [load(directory / f"{m}.json") for m in ONE_GPU_MODELS if (directory / f"{m}.json").exists()]
+    if not reports:
+        raise RenderError(f"scaling-sim: no <model>.json under {directory}; run benchmarks/scaling_sim.py")
+    rows = []
+    for r in reports:
+        by_gpus: dict[int, dict[str, dict[str, Any]]] = {}
+        for row in r["rows"]:
+            by_gpus.setdefault(row["gpus"], {})[row["planner"]] = row
+        for gpus, plans in sorted(by_gpus.items()):
+            t = {n: plans.get(n, {}).get("predicted_iteration_s") for n in SCALING_PLANNERS}
+            base = [v for n, v in t.items() if n in BASELINES and v is not None]
+            mosaic = plans.get("mosaic", {})
+            gain = (min(base) / t["mosaic"] - 1) if base and t["mosaic"] else None
+            rows.append([r["model"], str(gpus), str(mosaic.get("global_batch", "–")),
+                         *[ms(t[n]) for n in SCALING_PLANNERS],
+                         f"{mosaic['throughput_samples_s']:.0f}" if mosaic else "–",
+                         pct(gain), f"{mosaic['search_time_s']:.2f}" if mosaic else "–"])
+    first = reports[0]
+    cpu = first["sweep_cpu_s"]  # the whole sweep, recorded in every file
+    header = ["model", "GPUs", "batch", *[f"{n}, ms" for n in SCALING_PLANNERS],
+              "mosaic, samples/s", "mosaic vs best baseline", "mosaic search, s"]
+    return (f"**Simulated: predicted by the performance model, not measured.** "
+            f"`{first['command']}`, {first['date']}; {first['batch_rule']}; "
+            f"whole sweep {cpu:.0f} s CPU on the 2-core machine.\n\n"
+            + table(header, rows))
 
 
 # --- the document -----------------------------------------------------------------------------

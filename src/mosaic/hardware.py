@@ -103,7 +103,12 @@ class ClusterSpec:
     intra_node_bandwidth_bps: float = 360e9
     """Per-GPU bus bandwidth a ring all-reduce reaches over NVLink (NVLink 4: ~450 GB/s uni)."""
     inter_node_bandwidth_bps: float = 45e9
-    """Per-GPU bandwidth across nodes (one 400 Gb/s NIC per GPU)."""
+    """Bandwidth one NIC reaches across nodes: 400 Gb/s InfiniBand / RoCE line rate (50 GB/s)
+    at ~90% (datasheet lead, not measured here: the lent machines are single nodes)."""
+    nics_per_node: int = 8
+    """NICs of a node (HGX H100 / H200: 8 ConnectX-7, one per GPU, rail-optimised)."""
+    inter_node_latency_s: float = 5e-6
+    """One hop across the fabric (NIC + switch + NCCL proxy): a few us (datasheet lead)."""
     collective_latency_s: float = 25e-6
 
     def __post_init__(self) -> None:
@@ -119,10 +124,27 @@ class ClusterSpec:
     def node_of(self, gpu_id: int) -> int:
         return gpu_id // self.gpus_per_node
 
+    def spans_nodes(self, gpu_ids: tuple[int, ...] | list[int]) -> bool:
+        # min/max, not a set of nodes: asked for every block of a search over 1024 GPUs
+        return bool(gpu_ids) and self.node_of(min(gpu_ids)) != self.node_of(max(gpu_ids))
+
+    @property
+    def gpu_inter_node_bandwidth_bps(self) -> float:
+        """A GPU's share of its node's NICs (all GPUs of a node send across at once)."""
+        return self.inter_node_bandwidth_bps * min(1.0, self.nics_per_node / self.gpus_per_node)
+
     def link_bandwidth_bps(self, gpu_ids: tuple[int, ...] | list[int]) -> float:
         """Bottleneck per-GPU bandwidth of a collective over these GPUs."""
-        nodes = {self.node_of(g) for g in gpu_ids}
-        return self.intra_node_bandwidth_bps if len(nodes) <= 1 else self.inter_node_bandwidth_bps
+        if self.spans_nodes(gpu_ids):
+            return self.gpu_inter_node_bandwidth_bps
+        return self.intra_node_bandwidth_bps
+
+    def nodes_of(self, gpu_ids: tuple[int, ...] | list[int]) -> dict[int, int]:
+        """node -> how many of these GPUs it holds."""
+        counts: dict[int, int] = {}
+        for g in gpu_ids:
+            counts[self.node_of(g)] = counts.get(self.node_of(g), 0) + 1
+        return counts
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -136,18 +158,60 @@ GPUS_PER_NODE = 8
 """GPUs of one node (HGX H100 / H200 boards): the unit clusters grow by."""
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class NodePreset:
+    """A common node: its GPU kind and fabric (the ClusterSpec fields it sets)."""
+
+    name: str
+    hardware: str
+    gpus_per_node: int = GPUS_PER_NODE
+    intra_node_bandwidth_bps: float = 360e9
+    inter_node_bandwidth_bps: float = 45e9
+    nics_per_node: int = 8
+    inter_node_latency_s: float = 5e-6
+    source: str = ("datasheet leads: NVLink 4 (900 GB/s bidirectional per GPU), 8 x 400 Gb/s "
+                   "ConnectX-7 InfiniBand / RoCE per node, ~5 us per fabric hop; not measured")
+
+
+NODE_PRESETS: dict[str, NodePreset] = {
+    p.name: p for p in (
+        NodePreset(name="hgx-h200", hardware="h200"),  # HGX / DGX H200: 8 GPUs, NVSwitch, 8 NICs
+        NodePreset(name="hgx-h100", hardware="h100"),  # HGX / DGX H100 SXM: the same fabric
+    )
+}
+
+
+def node_preset(name: str) -> NodePreset:
+    try:
+        return NODE_PRESETS[name.lower()]
+    except KeyError:
+        raise HardwareError(f"unknown node preset {name!r}; choose one of {sorted(NODE_PRESETS)}") from None
+
+
 def make_cluster(num_gpus: int, hardware: str = "h200", gpus_per_node: int = GPUS_PER_NODE) -> ClusterSpec:
-    """A cluster of `num_gpus`, filling nodes of `gpus_per_node` (fewer GPUs: one partial node)."""
+    """A cluster of `num_gpus`, filling nodes of `gpus_per_node` (fewer GPUs: one partial node).
+
+    `hardware` is a GPU kind (`h200`, `h100`: the HGX fabric of that GPU) or a node preset
+    (`hgx-h200`, `hgx-h100`)."""
+    preset = NODE_PRESETS.get(hardware.lower()) or next(
+        (p for p in NODE_PRESETS.values() if p.hardware == hardware.lower()), None)
+    if gpus_per_node < 1:
+        raise HardwareError(f"--gpus-per-node {gpus_per_node}: a node has at least 1 GPU")
     if num_gpus < 1:
         raise HardwareError(f"--gpus {num_gpus}: need at least 1 GPU")
     if num_gpus > MAX_GPUS:
         raise HardwareError(f"--gpus {num_gpus}: at most {MAX_GPUS} GPUs are modelled; use fewer")
-    gpu = gpu_spec(hardware)
+    gpu = gpu_spec(preset.hardware if preset else hardware)
+    fabric = {} if preset is None else {
+        "intra_node_bandwidth_bps": preset.intra_node_bandwidth_bps,
+        "inter_node_bandwidth_bps": preset.inter_node_bandwidth_bps,
+        "nics_per_node": preset.nics_per_node, "inter_node_latency_s": preset.inter_node_latency_s}
     if num_gpus <= gpus_per_node:
-        return ClusterSpec(gpu=gpu, num_nodes=1, gpus_per_node=num_gpus)
+        return ClusterSpec(gpu=gpu, num_nodes=1, gpus_per_node=num_gpus, **fabric)
     if num_gpus % gpus_per_node:
         raise HardwareError(
             f"--gpus {num_gpus} is not a whole number of {gpus_per_node}-GPU nodes; "
             f"use a multiple of {gpus_per_node} or at most {gpus_per_node}"
         )
-    return ClusterSpec(gpu=gpu, num_nodes=num_gpus // gpus_per_node, gpus_per_node=gpus_per_node)
+    return ClusterSpec(gpu=gpu, num_nodes=num_gpus // gpus_per_node, gpus_per_node=gpus_per_node,
+                       **fabric)

@@ -12,6 +12,7 @@ is composed here once, so the planners and the reports never care which model th
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -66,17 +67,51 @@ class PerfModel(ABC):
         n = len(gpus)
         if n <= 1 or num_bytes <= 0:
             return 0.0
+        if self.cluster.spans_nodes(list(gpus)):
+            return self.hierarchical_allreduce_s(num_bytes, gpus)
         bandwidth = self.cluster.link_bandwidth_bps(list(gpus))
         steps = 2 * (n - 1)
         return steps * self.cluster.collective_latency_s / 4 + (steps / n) * num_bytes / bandwidth
 
+    def hierarchical_allreduce_s(self, num_bytes: float, gpus: Sequence[int]) -> float:
+        """NCCL's shape across nodes: reduce-scatter inside each node (NVLink), all-reduce of
+        each GPU's shard with its peers on the other nodes (one NIC per GPU: rails), all-gather
+        inside each node. The fullest node paces the in-node parts, the emptiest the shard."""
+        counts = self.cluster.nodes_of(list(gpus))
+        most, least = max(counts.values()), min(counts.values())
+        in_node = (self.intra_node_collective_s("reduce_scatter", num_bytes, most)
+                   + self.intra_node_collective_s("all_gather", num_bytes, most))
+        return in_node + self.inter_node_allreduce_s(num_bytes / least, len(counts))
+
+    def intra_node_collective_s(self, kind: str, num_bytes: float, num_gpus: int) -> float:
+        """Reduce-scatter / all-gather of `num_bytes` over `num_gpus` GPUs of one node: a ring,
+        n - 1 steps over NVLink (the profiled model uses its measured curves instead)."""
+        if num_gpus <= 1:
+            return 0.0
+        n = num_gpus
+        return ((n - 1) * self.cluster.collective_latency_s / 4
+                + (n - 1) / n * num_bytes / self.cluster.intra_node_bandwidth_bps)
+
+    def inter_node_allreduce_s(self, shard_bytes: float, num_nodes: int) -> float:
+        """All-reduce of a shard over `num_nodes` rails: NCCL picks ring or tree, whichever
+        has less latency (2(m-1) vs 2 log2 m hops); both reach the ring's bus bandwidth."""
+        m = num_nodes
+        if m <= 1:
+            return 0.0
+        hops = min(2 * (m - 1), 2 * math.ceil(math.log2(m)))
+        bandwidth = self.cluster.gpu_inter_node_bandwidth_bps
+        return hops * self.cluster.inter_node_latency_s + 2 * (m - 1) / m * shard_bytes / bandwidth
+
     def transfer_s(self, num_bytes: float, src_gpus: Sequence[int], dst_gpus: Sequence[int]) -> float:
-        """Moving a whole batch's activations from one GPU set to another (zero if same set)."""
+        """Moving a whole batch's activations from one GPU set to another (zero if same set).
+        Across nodes each lane crosses on its GPU's share of the NICs, one fabric hop more."""
         if num_bytes <= 0 or list(src_gpus) == list(dst_gpus):
             return 0.0
         lanes = min(len(src_gpus), len(dst_gpus))
-        bandwidth = self.cluster.link_bandwidth_bps(list(src_gpus) + list(dst_gpus))
-        return self.cluster.collective_latency_s + num_bytes / (lanes * bandwidth)
+        gpus = list(src_gpus) + list(dst_gpus)
+        bandwidth = self.cluster.link_bandwidth_bps(gpus)
+        hop_s = self.cluster.inter_node_latency_s if self.cluster.spans_nodes(gpus) else 0.0
+        return self.cluster.collective_latency_s + hop_s + num_bytes / (lanes * bandwidth)
 
     # --- composition ---------------------------------------------------------------------------
     def stage_works(self, stage: Stage, graph: MMGraph, batch: int | None = None) -> dict[int, list[Work]]:

@@ -28,10 +28,11 @@ import numpy as np
 from scipy.interpolate import RBFInterpolator
 from scipy.optimize import least_squares
 
-from mosaic.graph import ModuleSpec
+from mosaic.graph import MMGraph, ModuleSpec
 from mosaic.hardware import ClusterSpec, GPUSpec
 from mosaic.perf.analytic import AnalyticModel
 from mosaic.perf.base import PerfModel, Work
+from mosaic.perf.engine_term import EngineTerm, plan_features, stored_term
 from mosaic.perf.interference import (
     CoSample,
     CoWork,
@@ -40,6 +41,7 @@ from mosaic.perf.interference import (
     group_time_s,
     module_bytes,
 )
+from mosaic.plan import Plan
 from mosaic.profile.db import (
     COMM_KINDS,
     P2P_KINDS,
@@ -295,7 +297,9 @@ class ProfiledModel(PerfModel):
     optimizer_bytes_per_param = 28.0  # surfaces time forward + backward only
 
     def __init__(self, cluster: ClusterSpec, db: ProfileDB | str | Path | None = None, *,
-                 interference: str = "aware") -> None:
+                 interference: str = "aware", engine: str | None = None) -> None:
+        """`engine`: the engine kind predictions are for (engine_term.engine_kind); its fitted
+        engine term, when the DB has one, is added to every iteration. None: no engine term."""
         super().__init__(cluster)
         owned = not isinstance(db, ProfileDB)
         db = _open(db, cluster)
@@ -310,6 +314,8 @@ class ProfiledModel(PerfModel):
                 interference)
             self.params_source = "stored fit" if stored else "fitted on load"
             self._comm = _comm_curves(db)
+            self.engine = engine
+            self.engine_term: EngineTerm | None = stored_term(db, engine)
         finally:
             if owned:
                 db.close()
@@ -329,7 +335,28 @@ class ProfiledModel(PerfModel):
         err_s = f", held-out coloc MAPE {err:.1f}%" if err is not None else ""
         return (f"profiled ({self.db_path.name}: {len(s.surfaces)} measured modules; "
                 f"interference={p.variant} [{coef}], {fitted}{err_s}; modules not in the DB: "
-                f"analytic x {s.calibration:.3g} per-GPU calibration; {self.comm_summary()})")
+                f"analytic x {s.calibration:.3g} per-GPU calibration; {self.comm_summary()}; "
+                f"{self._engine_summary()})")
+
+    def _engine_summary(self) -> str:
+        if self.engine_term is not None:
+            return self.engine_term.describe()
+        return (f"engine term: none fitted for {self.engine!r}" if self.engine
+                else "engine term: none (no engine kind given)")
+
+    # --- the engine term: added to the composed iteration, kept separable --------------------
+    def engine_term_s(self, plan: Plan, graph: MMGraph) -> float:
+        """The fitted per-step engine term of `plan` (0 without one for this engine kind)."""
+        if self.engine_term is None:
+            return 0.0
+        base = super().iteration_time_s(plan, graph)
+        return self.engine_term.seconds(plan_features(plan, graph, base))
+
+    def iteration_time_s(self, plan: Plan, graph: MMGraph) -> float:
+        base = super().iteration_time_s(plan, graph)
+        if self.engine_term is None:
+            return base
+        return base + self.engine_term.seconds(plan_features(plan, graph, base))
 
     def module_time_s(self, module: ModuleSpec, per_gpu_batch: int, sm_share: float = 1.0) -> float:
         return self.surfaces.time_s(module, per_gpu_batch, self.cluster.gpu.round_sms(sm_share))
@@ -401,6 +428,12 @@ class ProfiledModel(PerfModel):
         latency_s = (n - 1) * self.cluster.collective_latency_s / 4
         return latency_s + comm_bus_factor(kind, n) * num_bytes / self.cluster.link_bandwidth_bps(gpus)
 
+    def intra_node_collective_s(self, kind: str, num_bytes: float, num_gpus: int) -> float:
+        """Inside a node the measured NVLink curves (ring-scaled to other counts) apply."""
+        if num_gpus <= 1 or num_bytes <= 0:
+            return 0.0
+        return self._comm_s(kind, num_bytes, list(range(num_gpus)))[0]
+
     def _measured_counts(self, kind: str) -> list[int]:
         return sorted(n for k, n in self._comm if k == kind)
 
@@ -411,7 +444,7 @@ class ProfiledModel(PerfModel):
         return below[-1] if below else counts[0]
 
     def _spans_nodes(self, gpus: Sequence[int]) -> bool:
-        return len({self.cluster.node_of(g) for g in gpus}) > 1
+        return self.cluster.spans_nodes(list(gpus))
 
     def comm_summary(self) -> str:
         """Which comm curves are measured, extrapolated or analytic on this cluster."""
@@ -428,7 +461,8 @@ class ProfiledModel(PerfModel):
         if not parts:
             return "comm: analytic (no measured curves)"
         tail = f"; analytic: {', '.join(analytic)}" if analytic else ""
-        across = "; analytic across nodes" if self.cluster.num_nodes > 1 else ""
+        across = ("; analytic across nodes (hierarchical: in-node curves + IB leads)"
+                  if self.cluster.num_nodes > 1 else "")
         return f"comm: {'; '.join(parts)}{tail}{across}"
 
 

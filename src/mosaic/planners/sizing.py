@@ -79,19 +79,27 @@ def _knapsack(options: Sequence[Sequence[Option]], num_gpus: int, reduce_bound: 
     targets = np.array(sorted({need(o) for opts in options for o in opts if floor <= need(o) < max_target}))
     if not len(targets):
         return INF, None
-    width = num_gpus + 1
+    # GPUs beyond what the largest options together use change nothing: on a large cluster
+    # (many identical GPUs) this keeps the DP as narrow as the groups' own sizes.
+    width = min(num_gpus, sum(max(o[0] for o in opts) for opts in options)) + 1
     dp = np.full((len(targets), width), INF)
     dp[:, 0] = 0.0
     choices = []
     for opts in options:
-        sizes = np.array([o[0] for o in opts])
-        shift = int(sizes.max())
-        padded = np.concatenate([np.full((len(targets), shift), INF), dp], axis=1)
-        cand = padded[:, np.arange(width)[None, :] - sizes[:, None] + shift]  # (T, option, GPUs)
-        cand += np.array([o[3] for o in opts])[None, :, None]
-        cand[targets[:, None] < np.array([need(o) for o in opts])[None, :]] = INF
-        arg = cand.argmin(axis=1)
-        dp = np.take_along_axis(cand, arg[:, None, :], axis=1)[:, 0, :]
+        # One shifted slice per option, kept where strictly better: the first of equal options
+        # wins, as an argmin would, without a (targets x options x GPUs) gather (which
+        # dominated planning at 1024 GPUs).
+        best = np.full_like(dp, INF)
+        arg = np.zeros(dp.shape, dtype=np.int64)
+        for i, o in enumerate(opts):
+            size, rows = o[0], targets >= need(o)
+            if size >= width or not rows.any():
+                continue
+            cand = np.full_like(dp, INF)
+            cand[rows, size:] = dp[rows, :width - size] + o[3]
+            better = cand < best
+            best[better], arg[better] = cand[better], i
+        dp = best
         choices.append(arg)
     total = targets[:, None] + dp + (reduce_bound or 0.0)
     flat = int(np.argmin(total))
