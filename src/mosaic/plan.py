@@ -150,6 +150,9 @@ class Plan:
             return cls.from_json(Path(path).read_text())
         except OSError as exc:
             raise PlanError(f"cannot read plan file {path}: {exc.strerror}") from None
+        except UnicodeDecodeError as exc:  # found by tests/test_fuzz.py: binary garbage
+            raise PlanError(f"plan file {path} is not UTF-8 text ({exc.reason} at byte "
+                            f"{exc.start}); pass a plan JSON from `mosaic plan --out`") from None
 
     def save(self, path: str | Path) -> Path:
         path = Path(path)

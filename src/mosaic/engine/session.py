@@ -12,7 +12,10 @@ build their ranks through here, so a plan trains exactly as it is measured.
 from __future__ import annotations
 
 import os
+import signal
+import time
 from dataclasses import dataclass, replace
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -77,8 +80,10 @@ class Dist:
     owns_group: bool
 
 
-def start_distributed(device: str | None) -> Dist:
-    """Join torchrun's world (env://) or run as a one-process world."""
+def start_distributed(device: str | None, timeout_s: float | None = None) -> Dist:
+    """Join torchrun's world (env://) or run as a one-process world. `timeout_s` bounds every
+    collective: a rank that died or hangs makes the others fail after it, not wait forever
+    (gloo raises; NCCL's watchdog aborts the process). None: torch's default (10 min)."""
     cuda = torch.cuda.is_available() and device != "cpu"
     if device == "cuda" and not cuda:
         raise SessionError("device='cuda' but no CUDA device is visible; leave device unset")
@@ -95,12 +100,26 @@ def start_distributed(device: str | None) -> Dist:
         torch.cuda.set_device(device)
     owns = False
     if world > 1 and not running:
-        if cuda:
-            dist.init_process_group("nccl", init_method="env://", device_id=device)
-        else:
-            dist.init_process_group("gloo", init_method="env://")
+        if timeout_s is not None and not timeout_s > 0:
+            raise SessionError(f"timeout_s={timeout_s} must be > 0 seconds (--timeout-s)")
+        _init_group("nccl" if cuda else "gloo", device if cuda else None, timeout_s)
         owns = True
     return Dist(rank=rank, world_size=world, device=device, owns_group=owns)
+
+
+def _init_group(backend: str, device: torch.device | None, timeout_s: float | None) -> None:
+    """init_process_group over env:// with the store's keys under this attempt's prefix.
+    Why: torchrun's workers share the agent's store across restarts (--max-restarts), so
+    without it a restarted rank can read the dead attempt's gloo addresses and fail with
+    'connectFullMesh failed ... Connection refused' (seen in 1 of 3 restarts on 2 cores)."""
+    timeout = timedelta(seconds=timeout_s) if timeout_s is not None else None
+    store, rank, world = next(dist.rendezvous("env://", **({"timeout": timeout} if timeout else {})))
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    store = dist.PrefixStore(f"mosaic/attempt-{attempt}", store)
+    kwargs = {"timeout": timeout} if timeout else {}
+    if device is not None:
+        kwargs["device_id"] = device
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world, **kwargs)
 
 
 def local_modules(plans: Plan | list[Plan], rank: int) -> list[str]:
@@ -210,3 +229,60 @@ def _micro_step_graph(plan: Plan, graph: MMGraph, modules: dict[str, nn.Module],
                            f"{graph.global_batch} into micro-steps divisible by the widest DP "
                            f"degree {widest}; pick a divisor of {graph.global_batch // widest}")
     return replace(graph, global_batch=per_step)
+
+
+# --- fault injection: a hook for the reliability tests only ------------------------------------
+FAULT_ENV = "MOSAIC_FAULT"
+FAULT_ACTIONS = ("kill", "hang", "nan")
+FAULT_PHASES = ("step", "checkpoint")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Fault:
+    """A fault injected through the MOSAIC_FAULT environment variable, to test that a run
+    survives it (tests/test_faults.py, RELIABILITY.md); never set it in a real run.
+
+        kill:rank=1:step=5                    rank 1 SIGKILLs itself as step 5 starts
+        hang:rank=1:step=3                    rank 1 sleeps forever as step 3 starts
+        nan:rank=0:step=2                     NaN in rank 0's first module's gradient at step 2
+        kill:rank=0:step=6:during=checkpoint  after writing its shard of checkpoint 6, before
+                                              the checkpoint is published
+    It fires on attempt `attempt` only (torchrun's TORCHELASTIC_RESTART_COUNT; default 0), so
+    the restarted run gets past it. Unset, it costs nothing."""
+
+    action: str
+    rank: int
+    step: int
+    during: str = "step"
+    attempt: int = 0
+
+    @classmethod
+    def from_env(cls) -> Fault | None:
+        spec = os.environ.get(FAULT_ENV, "")
+        return cls.parse(spec) if spec else None
+
+    @classmethod
+    def parse(cls, spec: str) -> Fault:
+        action, *fields = spec.split(":")
+        fix = (f"{FAULT_ENV}={spec!r}: write ACTION:rank=R:step=S[:during=PHASE][:attempt=N] "
+               f"with ACTION in {FAULT_ACTIONS}, PHASE in {FAULT_PHASES}, or unset it")
+        try:
+            values = dict(field.split("=", 1) for field in fields)
+            fault = cls(action=action, rank=int(values.pop("rank")), step=int(values.pop("step")),
+                        during=values.pop("during", "step"), attempt=int(values.pop("attempt", 0)))
+        except (KeyError, ValueError):
+            raise SessionError(fix) from None
+        if values or action not in FAULT_ACTIONS or fault.during not in FAULT_PHASES:
+            raise SessionError(fix)
+        return fault
+
+    def due(self, rank: int, step: int, during: str = "step") -> bool:
+        attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+        return (rank, step, during, attempt) == (self.rank, self.step, self.during, self.attempt)
+
+    def fire(self) -> None:
+        """kill and hang; `nan` is the trainer's to apply (it needs the gradients)."""
+        if self.action == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        while self.action == "hang":
+            time.sleep(3600)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import sys
 import time
@@ -24,13 +25,20 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from mosaic.engine.checkpoint import CheckpointConfig, load_checkpoint, save_checkpoint
+from mosaic.engine import checkpoint as _checkpoint
+from mosaic.engine.checkpoint import (
+    CheckpointConfig,
+    latest_checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+)
 from mosaic.engine.comm import CommError, PlanComm, check_world_size, share_from_rank0
 from mosaic.engine.compile import compile_modules
 from mosaic.engine.session import (
     OPTIMIZERS,
     Dist,
     EngineConfig,
+    Fault,
     RankSession,
     build_modules,
     local_modules,
@@ -50,6 +58,13 @@ __all__ = ["OPTIMIZERS", "TrainConfig", "TrainError", "TrainResult", "build_modu
 
 class TrainError(MosaicError):
     """A training job that cannot start; the message names the setting and the fix."""
+
+
+class RankError(TrainError):
+    """A failure of this rank alone (a lost peer, out of memory): unlike errors every rank
+    raises alike, each rank's own message is printed (`per_rank`, read by mosaic.cli.main)."""
+
+    per_rank = True
 
 
 class TrainableModel(Protocol):
@@ -98,10 +113,21 @@ class TrainConfig:
     """A rich progress bar on rank 0 (only when stderr is a terminal)."""
     checkpoint: CheckpointConfig | None = None
     """Where and how often to checkpoint (torch.distributed.checkpoint, atomic); None: never."""
-    resume: bool = False
-    """Continue from the latest complete checkpoint in `checkpoint.directory` (any plan)."""
+    resume: bool | str = False
+    """Continue from the latest complete checkpoint in `checkpoint.directory` (any plan):
+    True: there must be one; 'auto': when there is one, else start fresh (a restarted job)."""
+    timeout_s: float | None = 600.0
+    """Longest wait of any collective: a rank that died or hangs ends the run after this
+    long (when this process starts the process group). None: torch's default."""
+    skip_nonfinite: bool = False
+    """On a NaN/inf loss or gradient, skip that step's update (logged) instead of stopping."""
 
     def __post_init__(self) -> None:
+        if self.resume not in (False, True, "auto"):
+            raise TrainError(f"resume={self.resume!r}; use True (a checkpoint must exist), "
+                             "'auto' (resume when one exists) or False")
+        if self.timeout_s is not None and not self.timeout_s > 0:
+            raise TrainError(f"timeout_s={self.timeout_s} must be > 0 seconds (--timeout-s)")
         if self.resume and self.checkpoint is None:
             raise TrainError("resume=True needs a checkpoint directory (--checkpoint-dir)")
         sources = [n for n in ("plan_path", "plan") if getattr(self, n) is not None]
@@ -172,7 +198,7 @@ def _check_memory(plan: Plan, graph: MMGraph, d: Dist) -> None:
 def train(config: TrainConfig, model: TrainableModel | None = None) -> TrainResult:
     """Train `config.model` (or `model`, any TrainableModel) with the given plan."""
     t_setup = time.perf_counter()
-    d = start_distributed(config.device)
+    d = start_distributed(config.device, config.timeout_s)
     session = None
     try:
         if model is None:
@@ -186,7 +212,7 @@ def train(config: TrainConfig, model: TrainableModel | None = None) -> TrainResu
         _check_memory(plan, graph, d)
         session, optimizer, compiled = _build(config, model, graph, plan, d)
         setup_s = time.perf_counter() - t_setup
-        first = _resume(config, session, optimizer)
+        first = _resume(config, session, optimizer, d)
         steps, timeline = _loop(config, model, graph, session, optimizer, d, first)
         summary = _summary(config, graph, session, steps, d, setup_s)
         summary["compile"] = compiled.to_dict()
@@ -214,54 +240,87 @@ def _build(config: TrainConfig, model: TrainableModel, graph: MMGraph, plan: Pla
 
 
 def _resume(config: TrainConfig, session: RankSession,
-            optimizer: torch.optim.Optimizer | None) -> int:
+            optimizer: torch.optim.Optimizer | None, d: Dist) -> int:
     """The step to start at: 0, or the one after the latest checkpoint. Data depends only on
     (seed, step), so the run continues on exactly the batches it would have seen."""
     if not config.resume:
         return 0
-    step, _, _ = load_checkpoint(config.checkpoint.directory, session.modules, optimizer)
+    directory = config.checkpoint.directory
+    if config.resume == "auto" and not _has_checkpoint(directory, d):
+        return 0
+    step, _, _ = load_checkpoint(directory, session.modules, optimizer)
     if step >= config.steps:
         raise TrainError(f"the checkpoint is at step {step} but steps={config.steps}; "
                          "raise --steps to train further")
+    if d.rank == 0:
+        print(f"mosaic: resuming at step {step} of {config.steps} from the latest checkpoint "
+              f"in {directory}", file=sys.stderr, flush=True)
     return step
 
 
+def _has_checkpoint(directory: str, d: Dist) -> bool:
+    """Rank 0's answer on every rank, so that all ranks resume or none does."""
+    found = share_from_rank0(lambda: {"found": latest_checkpoint(directory) is not None},
+                             d.device)
+    return bool(found["found"])
+
+
 def _save_if_due(config: TrainConfig, session: RankSession,
-                 optimizer: torch.optim.Optimizer | None, steps_done: int) -> None:
+                 optimizer: torch.optim.Optimizer | None, steps_done: int, d: Dist,
+                 fault: Fault | None = None) -> None:
     ckpt = config.checkpoint
-    if ckpt is not None and (ckpt.due(steps_done) or steps_done == config.steps):
+    if ckpt is None or not (ckpt.due(steps_done) or steps_done == config.steps):
+        return
+    with _fault_in_checkpoint(fault, d.rank, steps_done):
         save_checkpoint(ckpt.directory, steps_done, session.modules, optimizer,
                         plan=session.plan, keep_last=ckpt.keep_last)
+
+
+@contextlib.contextmanager
+def _fault_in_checkpoint(fault: Fault | None, rank: int, steps_done: int):
+    """Test-only (MOSAIC_FAULT ...:during=checkpoint): fire the fault once this rank's shard
+    is written, before rank 0 publishes the checkpoint, by wrapping the checkpoint module's
+    DCP write for the duration of this save. Unset, nothing is wrapped."""
+    if fault is None or not fault.due(rank, steps_done, "checkpoint"):
+        yield
+        return
+    write = _checkpoint._dcp_save
+
+    def write_then_fire(*args: Any, **kwargs: Any) -> None:
+        write(*args, **kwargs)
+        fault.fire()
+
+    _checkpoint._dcp_save = write_then_fire
+    try:
+        yield
+    finally:
+        _checkpoint._dcp_save = write
 
 
 def _loop(config: TrainConfig, model: TrainableModel, graph: MMGraph, session: RankSession,
           optimizer: torch.optim.Optimizer | None, d: Dist, first: int = 0):
     timer = Timer(d.device)
+    fault = Fault.from_env()  # test-only fault injection; None in a real run
     steps: list[dict[str, Any]] = []
     timeline: list[dict[str, Any]] = []
-    metrics = _open_metrics(config.metrics_path, append=first > 0) if d.rank == 0 else None
+    metrics = _open_metrics(config, d, first)
     try:
         with _progress(config, d) as (bar, task):
             bar.update(task, advance=first)
             for step in range(first, config.steps):
-                data = session.local_batch(make_batch(model, config.preset, graph.global_batch,
-                                                      config.seed, step))
-                if optimizer is not None:
-                    optimizer.zero_grad(set_to_none=True)
-                start = timer.mark()
-                out = session.step(data)
-                if optimizer is not None:
-                    optimizer.step()
-                end = timer.mark()
-                row = _step_metrics(step, config, graph, session.comm, d, out.loss,
-                                    timer.seconds(start, end))
-                row["warmup"] = step - first < config.warmup_steps  # a resumed run warms up too
-                steps.append(row)
-                if config.engine.timeline and step == config.steps - 1:
-                    timeline = _gather_timeline(session.runner.timeline(out), d)
-                if step == first:
-                    session.capture_graphs()  # no-op unless graphs are on
-                _save_if_due(config, session, optimizer, step + 1)
+                if fault is not None and fault.due(d.rank, step):
+                    fault.fire()
+                _mark_progress(d, step)
+                with _named_failures(config, session, d, step):
+                    row, out = _train_step(config, model, graph, session, optimizer, d, timer,
+                                           step, fault)
+                    row["warmup"] = step - first < config.warmup_steps  # a resumed run warms up too
+                    steps.append(row)
+                    if config.engine.timeline and step == config.steps - 1:
+                        timeline = _gather_timeline(session.runner.timeline(out), d)
+                    if step == first:
+                        session.capture_graphs()  # no-op unless graphs are on
+                    _save_if_due(config, session, optimizer, step + 1, d, fault)
                 if metrics is not None:
                     metrics.write(json.dumps(row) + "\n")
                     metrics.flush()
@@ -272,10 +331,71 @@ def _loop(config: TrainConfig, model: TrainableModel, graph: MMGraph, session: R
     return steps, timeline
 
 
+def _train_step(config: TrainConfig, model: TrainableModel, graph: MMGraph,
+                session: RankSession, optimizer: torch.optim.Optimizer | None, d: Dist,
+                timer: Timer, step: int, fault: Fault | None):
+    """One optimizer step and its metrics line. A non-finite loss or gradient stops the run
+    before the update, or (skip_nonfinite) skips the update."""
+    data = session.local_batch(make_batch(model, config.preset, graph.global_batch,
+                                          config.seed, step))
+    if optimizer is not None:
+        optimizer.zero_grad(set_to_none=True)
+    start = timer.mark()
+    out = session.step(data)
+    if fault is not None and fault.action == "nan" and fault.due(d.rank, step):
+        _poison_gradient(session)
+    total_loss, bad = _loss_and_nonfinite(session, out.loss, d)
+    if bad and not config.skip_nonfinite:
+        raise TrainError(f"step {step}: non-finite {', '.join(bad)}; lower --lr or check the "
+                         "inputs, or pass --skip-nonfinite to skip such steps' updates")
+    if optimizer is not None and not bad:
+        optimizer.step()
+    end = timer.mark()
+    row = _step_metrics(step, config, graph, session.comm, d, total_loss,
+                        timer.seconds(start, end))
+    if bad:
+        row["skipped"] = ", ".join(bad)
+        if d.rank == 0:
+            print(f"mosaic: warning: step {step}: non-finite {row['skipped']}; its update was "
+                  "skipped (--skip-nonfinite)", file=sys.stderr, flush=True)
+    return row, out
+
+
+def _loss_and_nonfinite(session: RankSession, loss: torch.Tensor, d: Dist) -> tuple[float, list[str]]:
+    """The step's loss summed over ranks, and what was not finite: 'loss', 'gradient of
+    module X'. One host sync (it replaces the loss's .item()) and one all-reduce of a few
+    floats per step: each rank's loss share and, per module of the plan, 1.0 when any of its
+    gradients here is NaN/inf; summed, so every rank agrees (a module may live on one rank)."""
+    names = sorted({p.module for s in session.plan.stages for p in s.placements})
+    values = [loss.detach().float().reshape(())]
+    for name in names:
+        grads = [p.grad for p in session.modules[name].parameters()
+                 if p.grad is not None] if name in session.modules else []
+        # A norm is NaN/inf iff some element is (or the sum overflows fp32: as unusable).
+        values.append(torch.stack(torch._foreach_norm(grads)).float().sum() if grads
+                      else torch.zeros((), device=values[0].device))
+    host = torch.stack([v.to(values[0].device) for v in values]).tolist()
+    flags = [0.0 if math.isfinite(v) else 1.0 for v in host]
+    reduced = session.comm.all_reduce_scalars([host[0], *flags], "sum")
+    total, loss_bad, module_bad = reduced[0], reduced[1], reduced[2:]
+    bad = (["loss"] if loss_bad or not math.isfinite(total) else [])
+    bad += [f"gradient of module {n!r}" for n, f in zip(names, module_bad, strict=True) if f]
+    return total, bad
+
+
+def _poison_gradient(session: RankSession) -> None:
+    """Test-only (MOSAIC_FAULT nan:...): NaN in this rank's first module's first gradient."""
+    for _, module in sorted(session.modules.items()):
+        for p in module.parameters():
+            if p.grad is not None:
+                p.grad.view(-1)[0] = float("nan")
+                return
+
+
 def _step_metrics(step: int, config: TrainConfig, graph: MMGraph, comm: PlanComm, d: Dist,
-                  loss: torch.Tensor, step_time_s: float) -> dict[str, Any]:
-    """One metrics line: loss summed over ranks' shares, time and memory of the slowest rank."""
-    (total_loss,) = comm.all_reduce_scalars([loss.item()], "sum")
+                  total_loss: float, step_time_s: float) -> dict[str, Any]:
+    """One metrics line: the loss summed over ranks' shares (already reduced), time and memory
+    of the slowest rank."""
     peak = torch.cuda.max_memory_allocated(d.device) if d.device.type == "cuda" else 0
     slowest_s, peak = comm.all_reduce_scalars([step_time_s, float(peak)], "max")
     row = {"step": step, "loss": total_loss, "step_time_s": slowest_s,
@@ -286,6 +406,84 @@ def _step_metrics(step: int, config: TrainConfig, graph: MMGraph, comm: PlanComm
     return row
 
 
+# --- failures: name the rank, the step and the fix -------------------------------------------
+def _mark_progress(d: Dist, step: int) -> None:
+    """Each rank notes the step it starts in the process group's key-value store (one small
+    write per step), so that a rank whose collective times out can name the ranks behind."""
+    store = _store(d)
+    if store is not None:
+        with contextlib.suppress(Exception):  # diagnostics only: never fail a step over it
+            store.set(f"mosaic/progress/{d.rank}", str(step))
+
+
+def _store(d: Dist):
+    if d.world_size == 1 or not dist.is_initialized():
+        return None
+    try:
+        return dist.distributed_c10d._get_default_store()  # private; absent: no diagnosis
+    except Exception:
+        return None
+
+
+def _ranks_behind(d: Dist, step: int) -> list[str]:
+    store, behind = _store(d), []
+    if store is None:
+        return behind
+    for rank in range(d.world_size):
+        key = f"mosaic/progress/{rank}"
+        try:
+            last = int(store.get(key)) if store.check([key]) else -1
+        except Exception:
+            return []
+        if last < step:
+            behind.append(f"rank {rank} (last started step {last})")
+    return behind
+
+
+def _is_comm_failure(exc: BaseException) -> bool:
+    """A collective that timed out or lost its peer (gloo, NCCL), not a bug of ours."""
+    if isinstance(exc, getattr(dist, "DistError", ())):
+        return True
+    text = str(exc).lower()
+    return isinstance(exc, RuntimeError) and any(
+        word in text for word in ("timed out", "timeout", "connection", "closed by peer",
+                                  "nccl", "gloo"))
+
+
+@contextlib.contextmanager
+def _named_failures(config: TrainConfig, session: RankSession, d: Dist, step: int):
+    """Turn a lost rank and a CUDA out-of-memory error into one line naming the rank, the
+    step and the fix; anything else keeps its traceback."""
+    try:
+        yield
+    except torch.cuda.OutOfMemoryError as exc:
+        if d.device.type != "cuda":
+            raise
+        raise RankError(_oom_message(session, d, step)) from exc
+    except Exception as exc:
+        if d.world_size == 1 or isinstance(exc, MosaicError) or not _is_comm_failure(exc):
+            raise
+        behind = _ranks_behind(d, step)
+        who = (f"{', '.join(behind)} did not reach it: it died or hangs" if behind
+               else "another rank died or hangs")
+        first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        raise RankError(
+            f"rank {d.rank}: a collective of step {step} failed ({first_line}); {who}. "
+            f"Collectives wait at most --timeout-s {config.timeout_s}; see that rank's own "
+            "error, and restart with --resume auto to continue from the last checkpoint"
+        ) from exc
+
+
+def _oom_message(session: RankSession, d: Dist, step: int) -> str:
+    estimate = gpu_memory_bytes(session.plan, session.graph).get(d.rank, 0)
+    peak = torch.cuda.max_memory_allocated(d.device)
+    total = torch.cuda.get_device_properties(d.device).total_memory
+    return (f"rank {d.rank} ({d.device}) ran out of GPU memory at step {step}: the plan "
+            f"estimates {estimate / 2**30:.2f} GiB for GPU {d.rank}, torch's peak allocation "
+            f"was {peak / 2**30:.2f} GiB of {total / 2**30:.2f} GiB; lower --batch, raise "
+            "--accumulation, or plan over more GPUs")
+
+
 def _gather_timeline(events: list[dict[str, Any]], d: Dist) -> list[dict[str, Any]]:
     if d.world_size > 1:
         gathered: list[Any] = [None] * d.world_size
@@ -294,11 +492,42 @@ def _gather_timeline(events: list[dict[str, Any]], d: Dist) -> list[dict[str, An
     return sorted(events, key=lambda e: (e["gpu"], e["start_s"]))
 
 
-def _open_metrics(path: str | None, append: bool = False):
-    if path is None:
+def _open_metrics(config: TrainConfig, d: Dist, first: int):
+    """Rank 0's metrics file. On resume, the lines of steps >= `first` (run after the
+    checkpoint, before the crash) are dropped first, so that the file ends up with every step
+    once, as the weights saw them; a line cut short by the crash is dropped too."""
+    if d.rank != 0 or config.metrics_path is None:
         return None
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    return open(path, "a" if append else "w")  # noqa: SIM115 (closed in _loop's finally)
+    path = Path(config.metrics_path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if first == 0:
+        return open(path, "w")  # noqa: SIM115 (closed in _loop's finally)
+    kept, rerun = _metrics_before(path, first)
+    tmp = path.with_name(f"{path.name}.tmp")
+    tmp.write_text("".join(kept))
+    os.replace(tmp, path)  # atomic: a crash now leaves the old file or the new one
+    if rerun:
+        print(f"mosaic: {rerun} step(s) after the checkpoint ran before the restart and run "
+              f"again; their old lines are dropped from {path}", file=sys.stderr, flush=True)
+    return open(path, "a")  # noqa: SIM115 (closed in _loop's finally)
+
+
+def _metrics_before(path: Path, first: int) -> tuple[list[str], int]:
+    try:
+        lines = path.read_text().splitlines(keepends=True)
+    except (OSError, UnicodeDecodeError):
+        return [], 0
+    kept, rerun = [], 0
+    for line in lines:
+        try:
+            step = int(json.loads(line)["step"]) if line.endswith("\n") else None
+        except (ValueError, KeyError, TypeError):
+            step = None
+        if step is not None and step < first:
+            kept.append(line)
+        elif step is not None:
+            rerun += 1
+    return kept, rerun
 
 
 class _NoBar:
@@ -355,7 +584,8 @@ def train_from_cli(model: str, preset: str = "tiny", plan_path: str | None = Non
                    plan: Plan | None = None, engine: EngineConfig | None = None,
                    warmup_steps: int = 2, lr: float = 1e-4, seed: int = 0,
                    global_batch: int | None = None, hardware: str = "h200",
-                   checkpoint: CheckpointConfig | None = None, resume: bool = False) -> TrainResult:
+                   checkpoint: CheckpointConfig | None = None, resume: bool | str = False,
+                   timeout_s: float | None = 600.0, skip_nonfinite: bool = False) -> TrainResult:
     """`mosaic train`: checks that the process count matches --gpus (torchrun or not)."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if gpus is not None and gpus != world:
@@ -367,5 +597,5 @@ def train_from_cli(model: str, preset: str = "tiny", plan_path: str | None = Non
                          warmup_steps=min(warmup_steps, steps - 1), lr=lr, seed=seed,
                          global_batch=global_batch, engine=engine or EngineConfig(),
                          metrics_path=metrics, hardware=hardware, checkpoint=checkpoint,
-                         resume=resume)
+                         resume=resume, timeout_s=timeout_s, skip_nonfinite=skip_nonfinite)
     return train(config)
