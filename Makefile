@@ -20,10 +20,10 @@ demo: install
 	$(BIN)/mosaic plan $(MODEL) --gpus $(GPUS) --out runs/plan-$(MODEL)-$(GPUS)
 
 lint: install-test
-	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff check src tests benchmarks examples
 
 test: install-test
-	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff check src tests benchmarks examples
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q
 
 clean:

@@ -1,6 +1,7 @@
 """The `mosaic` command end to end, as a user runs it (a subprocess: exit codes and stderr)."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -144,3 +145,34 @@ def _toy_graph(tmp_path):
     path = tmp_path / "g.json"
     path.write_text(encoders_and_head(2, batch=8).to_json())
     return path
+
+
+@pytest.mark.parametrize("gpus", [1, 2])
+def test_train_and_plan_choose_the_same_plan(tmp_path, gpus):
+    """One planning path: `mosaic train --planner mosaic` trains the plan `mosaic plan` makes
+    for the same model, GPUs and preset (the engine never plans by itself)."""
+    planned = mosaic("plan", "clip", "--gpus", str(gpus), "--preset", "tiny", "--planners",
+                     "mosaic", "--out", str(tmp_path / "plan"), "--json")
+    assert planned.returncode == 0, planned.stderr
+    want = json.loads((tmp_path / "plan" / "mosaic.json").read_text())
+    train = ["train", "clip", "--preset", "tiny", "--planner", "mosaic", "--gpus", str(gpus),
+             "--steps", "1", "--out", str(tmp_path / "run")]
+    if gpus == 1:
+        trained = mosaic(*train)
+    else:  # two processes stand in for two GPUs
+        trained = subprocess.run(
+            [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+             "2", "-m", "mosaic", *train], capture_output=True, text=True, timeout=240,
+            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert trained.returncode == 0, trained.stderr[-2000:]
+    got = json.loads((tmp_path / "run" / "plan.json").read_text())
+    assert got["stages"] == want["stages"] and got["num_gpus"] == gpus
+    assert got["predicted_iteration_s"] == pytest.approx(want["predicted_iteration_s"])
+
+
+def test_the_cli_reference_is_current():
+    """docs/cli.md is generated from the commands; regenerate it with
+    `mosaic cli-reference > docs/cli.md` after changing an option."""
+    from mosaic.cli import reference_markdown
+
+    assert (Path(__file__).parents[1] / "docs" / "cli.md").read_text() == reference_markdown()

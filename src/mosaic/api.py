@@ -5,15 +5,31 @@
 
 `mosaic plan`, `mosaic bench` and `mosaic train` all plan through `plan`, so the same model,
 GPUs, preset and performance model give the same plan whichever command asks.
+
+A user's own modules (docs/own-model.md, examples/clip_imu.py):
+
+    graph = mosaic.graph_from_modules("mine", modules, edges, example_inputs, global_batch=64)
+    result = mosaic.train(graph, modules, mosaic.plan(graph, gpus=2), data, lr=1e-3, steps=100)
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from mosaic.graph import MMGraph
 from mosaic.hardware import make_cluster
 from mosaic.plan import Plan
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from mosaic.engine.checkpoint import CheckpointConfig
+    from mosaic.engine.session import EngineConfig
+    from mosaic.engine.trainer import TrainResult
+    from mosaic.user_model import DataSource
+
+__all__ = ["graph_from_modules", "plan", "plan_on_rank0", "train"]
 
 
 def plan(graph: MMGraph, gpus: int = 1, hardware: str = "h200", planner: str = "mosaic",
@@ -32,3 +48,44 @@ def plan_on_rank0(graph: MMGraph, gpus: int, device: Any, *, hardware: str = "h2
 
     return Plan.from_dict(share_from_rank0(
         lambda: plan(graph, gpus, hardware, planner, perf_model).to_dict(), device))
+
+
+def graph_from_modules(name: str, modules: Mapping[str, nn.Module],
+                       edges: Sequence[tuple[str, str]], example_inputs: Mapping[str, Any],
+                       global_batch: int, **kwargs: Any) -> MMGraph:
+    """The MMGraph of the user's `modules` (costs counted on them as the zoo counts its own);
+    see `mosaic.user_model.graph_from_modules` for the calling convention and options."""
+    from mosaic.user_model import graph_from_modules as build
+
+    return build(name, modules, edges, example_inputs, global_batch, **kwargs)
+
+
+def train(graph: MMGraph, modules: Mapping[str, nn.Module], plan: Plan | str,
+          data: DataSource, *, optimizer: str = "adamw", lr: float = 1e-4,
+          steps: int = 20, warmup_steps: int = 2, weight_decay: float = 0.0, seed: int = 0,
+          engine: EngineConfig | None = None, device: str | None = None,
+          metrics_path: str | None = None, hardware: str = "h200", progress: bool = True,
+          checkpoint: CheckpointConfig | None = None, resume: bool = False) -> TrainResult:
+    """Train the user's `modules` (updated in place) with `plan` (a Plan or a plan JSON path).
+
+    `data` is a callable (step, batch_size) -> {module name: tensor or tuple of tensors}, or an
+    iterable (a DataLoader) of such dicts; each gives the GLOBAL batch (graph.global_batch on
+    axis 0) and every rank must see the same one: the engine slices each rank's share per
+    placement. Under torchrun every rank calls `train` with the same arguments. Returns the
+    trainer's TrainResult (per-step metrics, summary, plan, this rank's modules).
+    """
+    from mosaic.engine.session import EngineConfig
+    from mosaic.engine.trainer import TrainConfig
+    from mosaic.engine.trainer import train as run
+    from mosaic.user_model import UserModel
+
+    model = UserModel(graph, modules, data, seed=seed)
+    config = TrainConfig(
+        model=graph.name, preset=graph.preset,
+        plan=plan if isinstance(plan, Plan) else None,
+        plan_path=None if isinstance(plan, Plan) else str(plan),
+        steps=steps, warmup_steps=min(warmup_steps, steps - 1), lr=lr,
+        weight_decay=weight_decay, optimizer=optimizer, seed=seed,
+        engine=engine or EngineConfig(), device=device, metrics_path=metrics_path,
+        hardware=hardware, progress=progress, checkpoint=checkpoint, resume=resume)
+    return run(config, model)

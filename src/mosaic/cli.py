@@ -47,6 +47,16 @@ HardwareName = StrEnum("HardwareName", {name: name for name in GPUS})
 PerfModelName = StrEnum("PerfModelName", {name: name for name in PERF_MODELS})
 
 
+def _check_resume(value: str | None) -> bool | str:
+    """`--resume` alone: a checkpoint must exist; `--resume auto`: resume if one does."""
+    if value is None:
+        return False
+    if value not in ("yes", "auto"):
+        raise OptionError(f"--resume {value}: write `--resume` (a checkpoint must exist) or "
+                          "`--resume auto` (resume when one exists, else start fresh)")
+    return True if value == "yes" else "auto"
+
+
 def _zoo_model(value: str) -> str:
     from mosaic.zoo import get_model
 
@@ -247,32 +257,90 @@ def _emit_plans(plans, graph, perf, out: Path, hardware: str, as_json: bool) -> 
 def simulate(
     model: Annotated[str, typer.Argument(help="zoo model name, or a graph .json file",
                                          callback=_model_or_graph)],
-    plan_file: Annotated[Path, typer.Option("--plan", help="plan JSON (hand-written or from `mosaic plan`)")],
+    plan_file: Annotated[Path | None, typer.Option("--plan", help="plan JSON (hand-written or from "
+                                                   "`mosaic plan`); without it, plan with --planner")] = None,
+    gpus: Annotated[int | None, typer.Option(min=1, max=MAX_GPUS, help="GPUs (default: the plan's, "
+                                             "else 8)")] = None,
+    gpus_per_node: Annotated[int, typer.Option(min=1, help="GPUs per node (NVLink inside, "
+                                               "InfiniBand between)")] = GPUS_PER_NODE,
+    planner: Annotated[str, typer.Option(help="planner when there is no --plan",
+                                         callback=_check_planner)] = "mosaic",
     hardware: Annotated[HardwareName, typer.Option(help="GPU kind", case_sensitive=False)] = HardwareName.h200,
     preset: Annotated[PresetName, typer.Option(help="size of a zoo model")] = PresetName.paper,
-    batch: Annotated[int | None, typer.Option(min=1, help="global batch (default: the preset's)")] = None,
+    batch: Annotated[int | None, typer.Option(min=1, help="global batch (default: the preset's; "
+                                              "planned here: the preset's per node x nodes)")] = None,
     perf_model: Annotated[PerfModelName, typer.Option("--perf-model", help="auto: profiled where a "
                                                       "profile is shipped")] = PerfModelName.auto,
-    out: Annotated[Path | None, typer.Option(help="directory for the timeline PNG and trace",
+    overlap: Annotated[bool, typer.Option(help="start each group's all-reduce when its own GPUs are "
+                                          "done (the model waits for the stage)")] = False,
+    out: Annotated[Path | None, typer.Option(help="directory for the plan, trace and summary",
                                              callback=_out_dir)] = None,
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
-    """Validate a plan and predict its iteration time on any cluster size."""
+    """Simulate one iteration of a plan as per-GPU stream events: time, utilisation, trace."""
     from mosaic.hardware import make_cluster
     from mosaic.plan import Plan
 
-    plan_obj = Plan.load(plan_file)
-    cluster = make_cluster(plan_obj.num_gpus, str(hardware))
+    plan_obj = Plan.load(plan_file) if plan_file is not None else None
+    if plan_obj is not None and gpus not in (None, plan_obj.num_gpus):
+        _fail(f"--gpus {gpus}: the plan in {plan_file} is for {plan_obj.num_gpus} GPUs; "
+              "drop --gpus or plan again")
+    num_gpus = plan_obj.num_gpus if plan_obj is not None else gpus or GPUS_PER_NODE
+    cluster = make_cluster(num_gpus, str(hardware), gpus_per_node)
+    if plan_obj is None and batch is None:  # weak scaling: the preset's batch per node
+        batch = load_graph(model, str(preset)).global_batch * cluster.num_nodes
     graph = load_graph(model, str(preset), batch)
-    out = check_out_dir(out or Path("runs") / f"simulate-{graph.name}-{plan_obj.num_gpus}")
+    if plan_obj is None:
+        _check_gpus_useful(num_gpus, graph)
+    out = check_out_dir(out or Path("runs") / f"simulate-{graph.name}-{num_gpus}")
     perf = load_perf_model(str(perf_model), cluster, str(preset))
+    if plan_obj is None:
+        from mosaic.planners import make_plan
+
+        plan_obj = make_plan(graph, cluster, planner, perf)
     predicted = perf.predict(plan_obj.validate(graph, cluster), graph)
-    _emit_plans([predicted], graph, perf, out, str(hardware), as_json)
+    _emit_simulation(predicted, graph, perf, out, str(hardware), as_json, overlap)
+
+
+SIM_PNG_MAX_GPUS = 16
+"""Above this many GPUs the Gantt PNG would be metres tall: the Chrome trace scales, it does not."""
+
+
+def _emit_simulation(plan, graph, perf, out: Path, hardware: str, as_json: bool, overlap: bool) -> None:
+    from mosaic.report.plans import plans_summary
+    from mosaic.report.tables import print_plan_table
+    from mosaic.report.timeline import plot_timeline, write_chrome_trace
+    from mosaic.simulate import simulate as run_simulation
+
+    sim = run_simulation(plan, graph, perf, overlap=overlap)
+    out.mkdir(parents=True, exist_ok=True)
+    files = {plan.planner: plan.save(out / f"{plan.planner}.json")}
+    trace = write_chrome_trace(sim.events, out / f"{plan.planner}.sim-trace.json")
+    if plan.num_gpus <= SIM_PNG_MAX_GPUS:
+        plot_timeline(sim.events, out / f"{plan.planner}.png", f"{graph.name} ({graph.preset}) on "
+                      f"{plan.num_gpus} GPUs, {plan.planner}: {sim.iteration_s * 1e3:.1f} ms simulated")
+    summary = plans_summary([plan], graph, perf, files, hardware=hardware)
+    util = sim.utilisation()
+    summary["simulation"] = {**sim.summary(), "overlap": overlap, "trace_file": str(trace),
+                             "gpu_utilisation": [util[g] for g in range(plan.num_gpus)]}
+    (out / "simulation.json").write_text(json.dumps(summary, indent=2))
+    if as_json:
+        typer.echo(json.dumps(summary, indent=2))
+        return
+    print_plan_table(summary)
+    s = summary["simulation"]
+    typer.echo(f"simulated: {s['iteration_s'] * 1e3:.2f} ms per iteration "
+               f"({'all-reduce overlapped per group' if overlap else 'as the model composes it'}), "
+               f"{s['events']} events, {s['gpus_used']}/{plan.num_gpus} GPUs used, mean compute "
+               f"utilisation {s['mean_utilisation']:.0%} ({s['mean_utilisation_of_used']:.0%} of used "
+               f"GPUs); trace: {trace}")
 
 
 @app.command()
 def train(
-    model: Annotated[str, typer.Argument(help="zoo model name", callback=_zoo_model)],
+    ctx: typer.Context,
+    model: Annotated[str | None, typer.Argument(help="zoo model name (or `model` in --config)",
+                                                callback=_optional_zoo_model)] = None,
     plan_file: Annotated[Path | None, typer.Option("--plan", help="plan JSON to train with")] = None,
     planner: Annotated[str | None, typer.Option(help="plan with this planner instead of --plan",
                                                 callback=_check_planner)] = None,
@@ -295,11 +363,40 @@ def train(
     accumulation: Annotated[int, typer.Option(help="gradient-accumulation micro-steps per step")] = 1,
     checkpoint_dir: Annotated[Path | None, typer.Option(help="directory for atomic checkpoints (torch.distributed.checkpoint)")] = None,
     checkpoint_every: Annotated[int, typer.Option(help="checkpoint every K steps (and at the end); 0: only at the end")] = 0,
-    resume: Annotated[bool, typer.Option(help="continue from the latest checkpoint in --checkpoint-dir")] = False,
-    out: Annotated[Path | None, typer.Option(help="directory for summary.json and plan.json",
+    resume: Annotated[str | None, typer.Option(
+        help="continue from the latest checkpoint in --checkpoint-dir; `--resume auto`: only "
+             "when one exists (for torchrun --max-restarts)", metavar="[auto]",
+        callback=_check_resume)] = None,
+    timeout_s: Annotated[float, typer.Option("--timeout-s", min=0.001, help="longest wait of any "
+                                             "collective: a dead or hung rank ends the run after it")] = 600.0,
+    skip_nonfinite: Annotated[bool, typer.Option(help="skip a step's update on a NaN/inf loss "
+                                                 "or gradient (logged) instead of stopping")] = False,
+    autotune: Annotated[int, typer.Option("--autotune", min=0, help="measure the K best predicted "
+                                          "plans and the baselines briefly, train the fastest "
+                                          "(0: off; not with --plan)")] = 0,
+    out: Annotated[Path | None, typer.Option(help="run folder: config, env, plan, metrics, "
+                                             "summary, timeline (docs/quickstart.md)",
                                              callback=_out_dir)] = None,
+    overwrite: Annotated[bool, typer.Option(help="allow --out to name a non-empty folder")] = False,
+    config: Annotated[Path | None, typer.Option("--config", help="job file (TOML, or YAML): "
+                                                "see mosaic.job_config")] = None,
+    set_: Annotated[list[str] | None, typer.Option("--set", help="override a job field: "
+                                                   "--set train.lr=1e-4 (repeatable)")] = None,
 ) -> None:
     """Train MODEL with a plan: `torchrun --standalone --nproc-per-node N -m mosaic train ...`."""
+    resolved = {k: (str(v) if isinstance(v, Path) else v) for k, v in locals().items()
+                if k not in ("ctx", "config", "set_")}  # the parameters, for the run folder
+    if config is not None or set_:  # the job file's values where the command line gave none
+        return ctx.invoke(train, **_with_job(ctx, config, set_ or []))
+    if model is None:
+        raise OptionError("MODEL is missing: name a zoo model, or give `model` in --config")
+    if out is not None:
+        from mosaic.report.run_folder import check_run_dir
+
+        check_run_dir(out, overwrite)
+    if autotune and plan_file is not None:
+        raise OptionError("--autotune picks the plan by measurement, --plan gives one; pass one "
+                          "of them")
     import torch
 
     from mosaic.api import plan_on_rank0
@@ -308,21 +405,31 @@ def train(
     from mosaic.engine.trainer import train_from_cli
     from mosaic.zoo import get_model
 
-    d = start_distributed(None)  # planning on rank 0 needs the world to broadcast to
+    d = start_distributed(None, timeout_s)  # planning on rank 0 needs the world to broadcast to
     try:
         plan_obj = None
         if plan_file is None:
             graph = get_model(model).graph(preset, global_batch=batch)
+        engine = EngineConfig(graphs=graphs, compile=compile_mode, grad_sync=grad_sync,
+                              reduce_dtype=reduce_dtype, accumulation=accumulation,
+                              timeline=out is not None)
+        if plan_file is None and autotune:  # every rank measures: measure_plans is collective
+            from mosaic.hardware import make_cluster
+
+            cluster = make_cluster(gpus or d.world_size, hardware)
+            perf = load_perf_model(str(perf_model), cluster, str(preset))
+            plan_obj = _autotune(get_model(model), str(preset), graph, cluster, perf, autotune,
+                                 engine, cpu=d.device.type == "cpu").plan
+        elif plan_file is None:
             plan_obj = plan_on_rank0(graph, gpus or d.world_size, d.device, hardware=hardware,
                                      planner=planner or "mosaic", perf_model=perf_model)
-        engine = EngineConfig(graphs=graphs, compile=compile_mode, grad_sync=grad_sync,
-                              reduce_dtype=reduce_dtype, accumulation=accumulation)
         ckpt = (CheckpointConfig(directory=str(checkpoint_dir), every_steps=checkpoint_every)
                 if checkpoint_dir else None)
         result = train_from_cli(model, preset, str(plan_file) if plan_file else None, gpus, steps,
                                 str(metrics) if metrics else None, plan=plan_obj, engine=engine,
                                 lr=lr, seed=seed, global_batch=batch, hardware=hardware,
-                                checkpoint=ckpt, resume=resume)
+                                checkpoint=ckpt, resume=resume, timeout_s=timeout_s,
+                                skip_nonfinite=skip_nonfinite)
     finally:
         if d.owns_group:
             torch.distributed.destroy_process_group()
@@ -330,9 +437,8 @@ def train(
         return
     summary = result.summary
     if out is not None:
-        out.mkdir(parents=True, exist_ok=True)
-        result.plan.save(out / "plan.json")
-        (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+        _write_run_folder(out, resolved, result, model, str(preset), batch, hardware,
+                          str(perf_model))
     typer.echo(
         f"{summary['model']} ({summary['preset']}) plan={summary['planner']} "
         f"gpus={summary['num_gpus']}: loss {summary['first_loss']:.4f} -> {summary['final_loss']:.4f}, "
@@ -340,6 +446,48 @@ def train(
         f"(p90 {summary['step_time_p90_s'] * 1e3:.1f}), {summary['samples_per_s']:.1f} samples/s, "
         f"SM quotas: {_quota_state(result.plan, summary['pool'])}"
     )
+
+
+def _optional_zoo_model(value: str | None) -> str | None:
+    return None if value is None else _zoo_model(value)
+
+
+def _with_job(ctx, config: Path | None, overrides: list[str]) -> dict:
+    """`train`'s parameters: the command line's, then the job's for those left at default."""
+    from mosaic.job_config import FIELDS, JobConfigError, load_job
+
+    field = {param: key for key, (param, _) in FIELDS.items()}
+    params = {**ctx.params, "config": None, "set_": None, "ctx": ctx}
+    choices = {"preset": PresetName, "hardware": HardwareName, "perf_model": PerfModelName}
+    for name, value in load_job(config, overrides).items():
+        source = ctx.get_parameter_source(name)  # typer may vendor click: compare by name
+        if source is not None and source.name != "DEFAULT":
+            continue  # given on the command line: it wins
+        try:
+            if name in choices:
+                value = choices[name](value)
+            elif name == "model":
+                _zoo_model(value)
+            elif name == "planner":
+                _planner_names(value)
+        except (ValueError, MosaicError) as exc:
+            valid = f"; one of {', '.join(c.value for c in choices[name])}" if name in choices else ""
+            raise JobConfigError(f"{field[name]} = {value!r}: {exc}{valid}") from None
+        params[name] = value
+    return params
+
+
+def _write_run_folder(out: Path, resolved: dict, result, model: str, preset: str,
+                      batch: int | None, hardware, perf_model: str) -> None:
+    """The run folder on rank 0 (mosaic.report.run_folder), the prediction beside the run."""
+    from mosaic.hardware import make_cluster
+    from mosaic.report.run_folder import write_run_folder
+    from mosaic.zoo import get_model
+
+    graph = get_model(model).graph(preset, global_batch=batch)
+    perf = load_perf_model(perf_model, make_cluster(result.plan.num_gpus, str(hardware)), preset)
+    write_run_folder(out, config={**resolved, "plan": result.plan.to_dict()}, result=result,
+                     graph=graph, perf=perf)
 
 
 def _quota_state(plan, pool: dict) -> str:
@@ -370,6 +518,9 @@ def bench(
     user_programs: Annotated[str, typer.Option(help="the user's own programs to measure too: torch-eager,torch-compile (empty: none)")] = "torch-eager,torch-compile",
     plans_dir: Annotated[Path | None, typer.Option("--plans", help="measure the plan JSONs in this "
                                                    "directory (from `mosaic plan --out`) instead of planning")] = None,
+    autotune: Annotated[int, typer.Option("--autotune", min=0, help="also measure the K best "
+                                          "predicted plans and the baselines briefly and add the "
+                                          "fastest as plan `autotune` (0: off)")] = 0,
     cpu_smoke: Annotated[bool, typer.Option("--cpu-smoke", help="run on CPU with tiny settings "
                                             "(1 round, 1 step, no CUDA graphs): checks that it "
                                             "runs, measures nothing")] = False,
@@ -419,6 +570,10 @@ def bench(
     d = start_distributed(None)
     try:
         plans = {k: Plan.from_dict(v) for k, v in share_from_rank0(make_plans, d.device).items()}
+        tuned = _autotune(zoo_model, str(preset), graph, cluster, perf, autotune, config.engine,
+                          cpu=d.device.type == "cpu") if autotune else None
+        if tuned is not None:
+            plans["autotune"] = tuned.plan
         measurements, checks = measure_plans(zoo_model, preset, graph, plans, cluster.gpu, config)
     finally:
         if d.owns_group:
@@ -428,6 +583,8 @@ def bench(
     report = bench_report(graph, measurements, cluster.gpu, preset, gpus)
     report["perf_model"] = perf.describe()
     report["checks"] = checks
+    if tuned is not None:
+        report["autotune"] = tuned.to_dict()
     report["engine"] = {"graphs": graphs, "compile": _compile_mode(compile_mode), "grad_sync": grad_sync,
                         "reduce_dtype": reduce_dtype, "accumulation": accumulation}
     out = out or Path("runs") / f"bench-{graph.name}-{preset}-{gpus}"
@@ -436,6 +593,23 @@ def bench(
         typer.echo(json.dumps(report, indent=2, default=str))
     else:
         print_bench_table(report)
+
+
+def _autotune(zoo_model, preset: str, graph, cluster, perf, k: int, engine, *, cpu: bool):
+    """Measured plan selection (mosaic/autotune.py). On a GPU the measurements are appended to
+    the profiled model's DB for the next engine-term refit; CPU timings would only pollute it."""
+    from mosaic.autotune import AutotuneConfig, autotune
+
+    steps = {"steps_per_round": 1, "warmup_steps": 1} if cpu else {}
+    db = None if cpu else getattr(perf, "db_path", None)
+    result = autotune(zoo_model, preset, graph, cluster, perf,
+                      AutotuneConfig(k=k, engine=engine, **steps), db=db)
+    if int(os.environ.get("RANK", "0")) == 0:
+        typer.echo(f"autotune: chose {result.label!r} of {len(result.measurements)} measured plans "
+                   f"({result.measured_s * 1e3:.2f} ms vs best baseline "
+                   f"{result.best_baseline_s * 1e3:.2f} ms); start-up {result.startup_s:.1f} s",
+                   err=True)
+    return result
 
 
 def _compile_mode(name: str) -> str | None:
@@ -484,8 +658,14 @@ def model_error(
     iterations: Annotated[Path | None, typer.Option(
         "--iterations", help="instead: whole-iteration error of the `mosaic bench` results "
         "JSON under this directory, gated (<=10% each, median <=5%); a report, exit 0")] = None,
+    fit_engine_term: Annotated[list[Path] | None, typer.Option(
+        "--fit-engine-term", help="instead: refit the per-step engine term on the bench results "
+        "JSON under DIR (repeatable) plus --db's recorded iterations, and store it in --db")] = None,
 ) -> None:
     """Prediction error on held-out measured points: aware vs unaware vs linear interference."""
+    if fit_engine_term is not None:
+        _refit_engine_term(fit_engine_term, db, as_json)
+        return
     from mosaic.perf.accuracy import model_error as compute
     from mosaic.perf.accuracy import print_model_error
     from mosaic.profile.db import default_db_path
@@ -504,6 +684,24 @@ def model_error(
         typer.echo(json.dumps(result, indent=2))
     else:
         print_model_error(result)
+
+
+def _refit_engine_term(results: list[Path], db: Path | None, as_json: bool) -> None:
+    """One engine term per engine kind, stored in --db; its held-out error printed."""
+    from mosaic.perf.engine_term import refit
+
+    if db is None:  # never the shipped DB by default: a refit replaces what others rely on
+        raise OptionError("--fit-engine-term stores the fit in a ProfileDB: pass --db PATH "
+                          "(e.g. src/mosaic/profile/data/h200.sqlite)")
+    terms = refit(db, results)
+    if as_json:
+        typer.echo(json.dumps({k: t.to_fit().params | {"mape": t.mape, "n_points": t.n_points}
+                               for k, t in terms.items()}, indent=2))
+        return
+    for term in terms.values():
+        typer.echo(term.describe())
+    typer.echo(f"stored {len(terms)} engine term(s) in {db} (fits: "
+               f"{', '.join('engine_term.' + k for k in terms) or 'none: too few runs'})")
 
 
 @app.command("bench-planner")
@@ -543,31 +741,92 @@ def bench_planner(
 
 # click's exceptions as typer raises them: typer >= 0.2x vendors click as `typer._click`, older
 # typer uses `click` itself; BadParameter is exported by both and lives beside the others.
+@app.command("cli-reference", hidden=True)
+def cli_reference() -> None:
+    """Print docs/cli.md: every command's options, from the commands themselves."""
+    typer.echo(reference_markdown(), nl=False)
+
+
+def reference_markdown() -> str:
+    """The CLI reference as Markdown, built from the click commands so it cannot drift."""
+    root = typer.main.get_command(app)
+    lines = ["# `mosaic` command reference", "",
+             "Generated by `mosaic cli-reference > docs/cli.md` (a test checks it is current).", ""]
+    for name, command in sorted(root.commands.items()):
+        if command.hidden:
+            continue
+        lines += [f"## `mosaic {name}`", "", (command.help or "").strip(), "",
+                  "| argument / option | type | default | help |", "|---|---|---|---|"]
+        lines += [_reference_row(param) for param in command.params if param.name != "help"]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _reference_row(param) -> str:
+    names = (" / ".join(param.opts) if param.param_type_name == "option"
+             else (param.metavar or param.name.upper()))
+    kind = _reference_type(param.type_descriptor.annotation)
+    default = "" if param.required or param.default is None else f"`{param.default}`"
+    helptext = " ".join((param.help or "").split()).replace("|", "\\|")
+    return f"| `{names}` | {kind} | {default} | {helptext} |"
+
+
+def _reference_type(annotation) -> str:
+    import enum
+    import typing
+
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    if args and typing.get_origin(annotation) is not list:
+        annotation = args[0]  # X | None: the X
+    if isinstance(annotation, type) and issubclass(annotation, enum.Enum):
+        return " \\| ".join(str(e.value) for e in annotation)
+    return getattr(annotation, "__name__", str(annotation))
+
+
 _click_errors = importlib.import_module(typer.BadParameter.__module__)
 
 
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: user errors -- ours (MosaicError) and click's usage errors (bad
     choice, missing argument) -- become one line on stderr and exit status 2; bugs keep their
-    traceback. Not standalone mode, so click's errors reach us instead of its usage box."""
+    traceback. Not standalone mode, so click's errors reach us instead of its usage box.
+    Under torchrun every rank raises the same user error (arguments, a plan rank 0 read), so
+    only rank 0 prints it; an error of one rank alone (a lost peer: `per_rank`) prints on any."""
     from mosaic.errors import is_user_error
 
+    argv = _bare_resume(sys.argv[1:] if argv is None else list(argv))
+    rank0 = os.environ.get("RANK", "0").strip() in ("0", "")
     try:
         code = app(args=argv, prog_name="mosaic", standalone_mode=False)
     except ValueError as exc:
         if not is_user_error(exc):
             raise
-        _exit_one_line(str(exc), 2)
+        if rank0 or getattr(exc, "per_rank", False):
+            _exit_one_line(str(exc), 2)
+        sys.exit(2)
     except _click_errors.ClickException as exc:
         if type(exc).__name__ == "NoArgsIsHelpError":  # a bare `mosaic`: the help, as before
             exc.show()
             sys.exit(exc.exit_code)
         ctx = getattr(exc, "ctx", None)
         hint = f" (see `{ctx.command_path} --help`)" if ctx is not None else ""
+        if not rank0:
+            sys.exit(exc.exit_code)
         _exit_one_line(exc.format_message() + hint, exc.exit_code)
     except typer.Abort:  # Ctrl-D at a prompt, as typer raises it
         _exit_one_line("aborted", 1)
     sys.exit(code if isinstance(code, int) else 0)
+
+
+def _bare_resume(argv: list[str]) -> list[str]:
+    """`--resume` takes an optional value (`--resume auto`), which click cannot express: a
+    bare `--resume` (last, or before another option) gets its implicit value "yes"."""
+    out = []
+    for i, arg in enumerate(argv):
+        out.append(arg)
+        if arg == "--resume" and (i + 1 == len(argv) or argv[i + 1].startswith("-")):
+            out.append("yes")
+    return out
 
 
 def _exit_one_line(message: str, code: int) -> None:

@@ -1,0 +1,126 @@
+"""A training run's folder: everything needed to read, compare and reproduce a run.
+
+    runs/NAME/
+      config.json      the resolved job (every option, after the config file and overrides)
+      env.json         package versions, git SHA, GPU name and SM count (or 'cpu'), command
+      plan.json        the plan trained (Plan JSON)
+      metrics.jsonl    one line per step (loss, step time, samples/s)
+      summary.json     the trainer's summary
+      timeline.json    Chrome trace (Perfetto): measured last step beside the prediction
+      timeline.png     the same as a Gantt chart
+
+`check_run_dir` refuses an existing non-empty folder (unless overwrite) before any work;
+`write_run_folder` is called on rank 0 after training. Every file is written atomically.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import subprocess
+import sys
+from dataclasses import replace
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from mosaic.files import OutputError, check_out_dir, write_text_atomic
+
+PACKAGES = ("mosaic-mm", "torch", "transformers", "numpy", "scipy", "networkx", "ortools")
+MEASURED_GPU_OFFSET = 1000
+"""Chrome-trace pid of measured GPU g is g + this, so the two timelines sit side by side."""
+
+
+def check_run_dir(path: Path, overwrite: bool = False, option: str = "--out") -> Path:
+    """`path` can become this run's folder: absent, empty, or `overwrite` given; creates nothing."""
+    path = check_out_dir(Path(path), option)
+    if path.is_dir() and any(path.iterdir()) and not overwrite:
+        raise OutputError(f"{option} {path}: the folder exists and is not empty; choose a new "
+                          f"name or pass --overwrite")
+    return path
+
+
+def environment(device: str = "cpu") -> dict[str, Any]:
+    """Versions, git SHA (when run from a checkout), and the GPU (name, SM count) or 'cpu'."""
+    versions = {}
+    for name in PACKAGES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = None
+    env: dict[str, Any] = {"python": platform.python_version(), "platform": platform.platform(),
+                           "packages": versions, "git_sha": _git_sha(), "argv": sys.argv,
+                           "gpu": "cpu"}
+    if device.startswith("cuda"):
+        import torch
+
+        props = torch.cuda.get_device_properties(torch.device(device))
+        env["gpu"] = {"name": props.name, "sm_count": props.multi_processor_count,
+                      "memory_bytes": props.total_memory, "cuda": torch.version.cuda,
+                      "count": torch.cuda.device_count()}
+    return env
+
+
+def _git_sha() -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                             timeout=5, cwd=Path(__file__).parent)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None if out.returncode == 0 else None
+
+
+def _json(obj: Any) -> str:
+    return json.dumps(obj, indent=2, default=str) + "\n"
+
+
+def write_run_folder(out: Path, *, config: dict[str, Any], result: Any, graph: Any = None,
+                     perf: Any = None) -> list[Path]:
+    """Write the run folder from the trainer's TrainResult; returns the files written.
+
+    `graph` and `perf` (a performance model) add the predicted timeline when the plan has a
+    prediction; the measured one comes from `result.timeline` (EngineConfig.timeline on)."""
+    from mosaic.report.timeline import (
+        TimelineEvent,
+        chrome_trace,
+        plot_timeline,
+        predicted_timeline,
+    )
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    summary = result.summary
+    written = [write_text_atomic(out / "config.json", _json(config)),
+               write_text_atomic(out / "env.json", _json(environment(str(summary.get("device",
+                                                                                    "cpu"))))),
+               write_text_atomic(out / "summary.json", _json(summary)),
+               write_text_atomic(out / "metrics.jsonl",
+                                 "".join(json.dumps(row) + "\n" for row in result.steps))]
+    result.plan.save(out / "plan.json")
+    written.append(out / "plan.json")
+    predicted: list[TimelineEvent] = []
+    if graph is not None and perf is not None and result.plan.predicted_iteration_s is not None:
+        predicted = [replace(e, phase="predicted") for e in predicted_timeline(result.plan, graph,
+                                                                                perf)]
+    measured = [TimelineEvent(module=e["module"], stage=e["stage"], gpu=e["gpu"],
+                              start_s=e["start_s"], end_s=e["end_s"], sm_share=e["sm_share"],
+                              phase=f"measured {e.get('phase', '')}".strip())
+                for e in result.timeline]
+    trace = chrome_trace(predicted)
+    shifted = [replace(e, gpu=e.gpu + MEASURED_GPU_OFFSET) for e in measured]
+    trace["traceEvents"] += chrome_trace(shifted)["traceEvents"]
+    trace["traceEvents"] += [
+        {"ph": "M", "name": "process_name", "pid": pid, "args": {"name": label}}
+        for pid, label in sorted({**{e.gpu: f"GPU {e.gpu} predicted" for e in predicted},
+                                  **{e.gpu: f"GPU {e.gpu - MEASURED_GPU_OFFSET} measured"
+                                     for e in shifted}}.items())]
+    written.append(write_text_atomic(out / "timeline.json", json.dumps(trace)))
+    events = measured or predicted
+    if events:
+        title = (f"{summary.get('model')} plan={result.plan.planner}: "
+                 f"{'measured last step' if measured else 'predicted'}")
+        written.append(plot_timeline(events, out / "timeline.png", title))
+    return written
+
+
+__all__ = ["OutputError", "check_run_dir", "environment", "write_run_folder"]
