@@ -30,7 +30,14 @@ from pathlib import Path
 
 import torch
 
-from mosaic.bench import BenchConfig, BenchError, PlanMeasurement, environment, measure_plans
+from mosaic.engine.measure import (
+    BenchConfig,
+    BenchError,
+    PlanMeasurement,
+    environment,
+    measure_plans,
+)
+from mosaic.engine.session import EngineConfig
 from mosaic.graph import MMGraph
 from mosaic.hardware import gpu_spec, make_cluster
 from mosaic.plan import Placement, Plan, Stage
@@ -96,11 +103,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.modes:
         wanted = {"temporal", *args.modes.split(",")}
         plans = {k: v for k, v in plans.items() if k in wanted}
+    # The sharing modes themselves, on the engine as it was measured (eager modules): the
+    # user programs and compile belong to `mosaic bench`.
     config = BenchConfig(rounds=args.rounds, steps_per_round=args.steps_per_round,
-                         warmup_steps=args.warmup, graphs=not args.no_graphs, lr=args.lr,
-                         seed=args.seed, nvml_seconds=0)
+                         warmup_steps=args.warmup, engine=EngineConfig(graphs=not args.no_graphs),
+                         lr=args.lr, seed=args.seed, nvml_seconds=0, user_programs=())
     try:
-        measurements = measure_plans(model, args.preset, graph, plans, gpu, config)
+        measurements, _ = measure_plans(model, args.preset, graph, plans, gpu, config)
     except BenchError as exc:
         print(f"FAIL {exc}")
         return 1

@@ -57,3 +57,20 @@ def test_iteration_time_is_the_sum_of_stages_and_allreduce_grows_with_gpus(model
     assert total == pytest.approx(sum(m2.stage_time_s(s, g) for s in plan.stages))
     assert m2.allreduce_s(1e9, [0, 1]) > 0 and m2.allreduce_s(1e9, [0]) == 0
     assert 0 < m2.gpu_utilisation(plan, g) <= 1
+
+
+def test_the_predicted_timeline_ends_at_the_predicted_iteration_time():
+    """The Gantt chart's bars tell the whole predicted time: compute, gradient all-reduce,
+    transfers and the optimizer (its title quotes the same number)."""
+    from mosaic.hardware import make_cluster
+    from mosaic.perf import make_perf_model
+    from mosaic.planners import plan_all
+    from mosaic.report.timeline import predicted_timeline
+    from mosaic.zoo import get_model
+
+    graph = get_model("ofasys").graph("paper")
+    cluster = make_cluster(8)
+    perf = make_perf_model("analytic", cluster)
+    for plan in plan_all(graph, cluster, perf):
+        events = predicted_timeline(plan, graph, perf)
+        assert max(e.end_s for e in events) == pytest.approx(plan.predicted_iteration_s)

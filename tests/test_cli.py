@@ -176,3 +176,44 @@ def test_the_cli_reference_is_current():
     from mosaic.cli import reference_markdown
 
     assert (Path(__file__).parents[1] / "docs" / "cli.md").read_text() == reference_markdown()
+
+
+def test_a_hand_written_graph_error_names_the_module_and_field(tmp_path):
+    listing = mosaic("models", "--preset", "tiny", "--json")
+    graph = json.loads(listing.stdout)[0]
+    graph["modules"][0]["num_params"] = "85M"
+    (tmp_path / "g.json").write_text(json.dumps(graph))
+    one_line_error(mosaic("plan", str(tmp_path / "g.json")),
+                   "modules[0] ('vision'): num_params = '85M' must be a plain int")
+    del graph["modules"][0]["flops_per_sample"]
+    graph["modules"][0]["num_params"] = 1000
+    (tmp_path / "g.json").write_text(json.dumps(graph))
+    one_line_error(mosaic("plan", str(tmp_path / "g.json")), "missing ['flops_per_sample']")
+
+
+def test_plan_accepts_the_models_listing_or_one_graph_of_it(tmp_path):
+    listing = tmp_path / "models.json"
+    listing.write_text(mosaic("models", "--preset", "tiny", "--json").stdout)
+    one_line_error(mosaic("plan", str(listing), "--gpus", "2"), "#NAME")
+    result = mosaic("plan", f"{listing}#imagebind", "--gpus", "2", "--out", str(tmp_path / "p"),
+                    "--json")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["model"] == "imagebind"
+
+
+def test_the_footer_keeps_the_interference_coefficients():
+    """rich would read '[alpha=...]' as markup and drop it: the footer prints it as text."""
+    result = mosaic("plan", "clip", "--gpus", "1", "--preset", "small", "--perf-model",
+                    "profiled", "--planners", "megatron")
+    assert result.returncode == 0, result.stderr
+    assert "[alpha=" in " ".join(result.stdout.split())
+
+
+def test_simulate_shows_no_speedup_it_did_not_compute(tmp_path):
+    planned = mosaic("plan", "clip", "--gpus", "2", "--preset", "tiny", "--planners", "mosaic",
+                     "--out", str(tmp_path / "p"))
+    assert planned.returncode == 0, planned.stderr
+    result = mosaic("simulate", "clip", "--plan", str(tmp_path / "p" / "mosaic.json"),
+                    "--preset", "tiny", "--out", str(tmp_path / "s"), "--json")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["plans"][0]["speedup_vs_megatron"] is None

@@ -12,6 +12,7 @@ import importlib
 import json
 import os
 import sys
+from dataclasses import replace
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
@@ -65,8 +66,8 @@ def _zoo_model(value: str) -> str:
 
 
 def _model_or_graph(value: str) -> str:
-    if value.endswith(".json"):
-        if not Path(value).is_file():
+    if value.endswith(".json") or ".json#" in value:
+        if not Path(value.partition("#")[0]).is_file():
             raise OptionError(f"MODEL {value}: no such graph file; pass an MMGraph JSON file "
                               f"or a zoo model ({', '.join(MODEL_NAMES)})")
         return value
@@ -163,14 +164,33 @@ def load_graph(model: str, preset: str, global_batch: int | None = None):
     """A zoo model by name, or a custom graph from a JSON file."""
     from mosaic.graph import MMGraph
 
-    if model.endswith(".json"):
-        path = Path(model)
+    path_text, _, wanted = model.partition("#")
+    if path_text.endswith(".json"):
+        path = Path(path_text)
         if not path.exists():
-            _fail(f"graph file {model} does not exist")
-        return MMGraph.from_json(path.read_text())
+            _fail(f"graph file {path} does not exist")
+        graph = MMGraph.from_json(_one_graph(path, wanted))
+        return graph if global_batch is None else replace(graph, global_batch=global_batch)
     from mosaic.zoo import get_model
 
     return get_model(model).graph(preset, global_batch=global_batch)
+
+
+def _one_graph(path: Path, wanted: str) -> str:
+    """The graph JSON text in `path`: the file's one graph, or from a list (what `mosaic models
+    --json` writes) the only one or the one named after '#' (`graphs.json#clip`)."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        _fail(f"graph file {path}: not valid JSON ({exc})")
+    if not isinstance(data, list):
+        return json.dumps(data)
+    names = [g.get("name") for g in data if isinstance(g, dict)]
+    if wanted in names:
+        return json.dumps(data[names.index(wanted)])
+    if len(data) == 1 and not wanted:
+        return json.dumps(data[0])
+    _fail(f"graph file {path} holds graphs {names}: pick one with {path}#NAME")
 
 
 def load_plans(directory: Path, names: list[str], graph, cluster) -> dict:

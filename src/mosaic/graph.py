@@ -158,9 +158,7 @@ class MMGraph:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> MMGraph:
         try:
-            modules = tuple(
-                ModuleSpec(**{**m, "input_shape": tuple(m["input_shape"])}) for m in d["modules"]
-            )
+            modules = tuple(_module_from_dict(m, i) for i, m in enumerate(d["modules"]))
             edges = tuple((str(a), str(b)) for a, b in d["edges"])
             return cls(
                 name=d["name"],
@@ -186,6 +184,38 @@ class MMGraph:
             return cls.from_dict(json.loads(text))
         except json.JSONDecodeError as exc:
             raise GraphError(f"graph file is not valid JSON: {exc}") from exc
+
+
+_NUMBER_FIELDS = {"num_params": int, "num_layers": int, "hidden_dim": int,
+                  "tokens_per_sample": int, "flops_per_sample": float,
+                  "activation_bytes_per_sample": float, "output_bytes_per_sample": float,
+                  "num_kernels": int}
+_REQUIRED_FIELDS = ("name", "kind", "input_shape", "num_params", "flops_per_sample",
+                    "activation_bytes_per_sample", "output_bytes_per_sample")
+
+
+def _module_from_dict(m: Any, index: int) -> ModuleSpec:
+    """One module of a graph JSON, each field checked by name: a user writes these by hand
+    (`"num_params": "85M"` must say which field of which module, not a Python internal)."""
+    where = f"modules[{index}]" + (f" ({m.get('name')!r})" if isinstance(m, dict) else "")
+    if not isinstance(m, dict):
+        raise GraphError(f"{where}: a module must be an object with keys {list(_REQUIRED_FIELDS)}")
+    missing = [k for k in _REQUIRED_FIELDS if k not in m]
+    unknown = sorted(set(m) - set(_REQUIRED_FIELDS) - set(_NUMBER_FIELDS))
+    if missing or unknown:
+        raise GraphError(f"{where}: missing {missing} / unknown {unknown} keys; a module has "
+                         f"{list(_REQUIRED_FIELDS)} and optionally {sorted(set(_NUMBER_FIELDS) - set(_REQUIRED_FIELDS))}")
+    for key, kind in _NUMBER_FIELDS.items():
+        value = m.get(key)
+        if key in m and (isinstance(value, bool) or not isinstance(value, int | float)
+                         or (kind is int and value != int(value))):
+            raise GraphError(f"{where}: {key} = {value!r} must be a plain {kind.__name__} "
+                             "(e.g. 85000000, not '85M')")
+    if not isinstance(m["input_shape"], list | tuple) or not all(
+            isinstance(x, int) and not isinstance(x, bool) for x in m["input_shape"]):
+        raise GraphError(f"{where}: input_shape = {m['input_shape']!r} must be a list of ints")
+    fields = {k: (_NUMBER_FIELDS[k](v) if k in _NUMBER_FIELDS else v) for k, v in m.items()}
+    return ModuleSpec(**{**fields, "input_shape": tuple(m["input_shape"])})
 
 
 def validate_graph(graph: MMGraph) -> None:

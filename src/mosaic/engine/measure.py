@@ -430,7 +430,8 @@ def environment(device_name: str | None = None) -> dict[str, Any]:
 
 def bench_report(graph: MMGraph, measurements: list[PlanMeasurement], gpu: GPUSpec,
                  preset: str, num_gpus: int) -> dict[str, Any]:
-    """The results object of `mosaic bench` (keys documented in docs/benchmarks.md)."""
+    """The results object of `mosaic bench`: per contender (plan or user program) the median
+    and spread of its step times, prediction and error, MFU, speedups and gradient error."""
     medians = {m.label: m.median_s for m in measurements}
     flops = graph.total_flops()
     rows = []

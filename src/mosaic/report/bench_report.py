@@ -69,4 +69,5 @@ def print_bench_table(report: dict) -> None:
         )
     console = Console(width=160)
     console.print(table)
-    console.print(f"{report['date']}  torch {report['torch']}  perf model: {report.get('perf_model', '-')}")
+    console.print(f"{report['date']}  torch {report['torch']}  perf model: "
+                  f"{report.get('perf_model', '-')}", markup=False)  # "[alpha=...]" is text

@@ -29,14 +29,16 @@ def plans_summary(plans: list[Plan], graph: MMGraph, perf: PerfModel, files: dic
                   hardware: str) -> dict:
     """The stable `--json` object of `mosaic plan`."""
     by_name = {p.planner: p for p in plans}
-    reference = by_name.get("megatron", plans[0]).predicted_iteration_s
+    # Only a ratio to a megatron plan that was made: a lone plan has nothing to compare with.
+    reference = by_name["megatron"].predicted_iteration_s if "megatron" in by_name else None
     rows = []
     for plan in plans:
         rows.append({
             "planner": plan.planner,
             "predicted_iteration_s": plan.predicted_iteration_s,
             "predicted_gpu_util": perf.gpu_utilisation(plan, graph),
-            "speedup_vs_megatron": reference / plan.predicted_iteration_s,
+            "speedup_vs_megatron": (reference / plan.predicted_iteration_s
+                                    if reference else None),
             "num_stages": len(plan.stages),
             "sharing": [s.sharing for s in plan.stages],
             "plan_file": str(files[plan.planner]),

@@ -22,14 +22,14 @@ def print_plan_table(summary: dict) -> None:
         table.add_row(
             row["planner"],
             f"{row['predicted_iteration_s'] * 1e3:.2f} ms",
-            f"{row['speedup_vs_megatron']:.2f}x",
+            f"{row['speedup_vs_megatron']:.2f}x" if row["speedup_vs_megatron"] else "-",
             f"{row['predicted_gpu_util'] * 100:.1f}%",
             f"{row['num_stages']} ({', '.join(sorted(set(row['sharing'])))})",
             row["plan_file"],
         )
     console = _console()
     console.print(table)
-    console.print(f"performance model: {summary['perf_model']}")
+    console.print(f"performance model: {summary['perf_model']}", markup=False)  # "[alpha=...]" is text
 
 
 def models_table(graphs: list[MMGraph]) -> None:

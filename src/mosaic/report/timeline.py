@@ -29,13 +29,28 @@ class TimelineEvent:
     phase: str = "fwd+bwd"
 
 
+ALL_REDUCE = "(gradient all-reduce)"
+TAIL = "(transfers + optimizer)"
+
+
 def predicted_timeline(plan: Plan, graph: MMGraph, perf: PerfModel) -> list[TimelineEvent]:
+    """Every predicted second as a bar, so the bars end at the predicted iteration time: each
+    stage's compute, its gradient all-reduce, then activation transfers and the optimizer."""
     events: list[TimelineEvent] = []
     t0 = 0.0
     for index, stage in enumerate(plan.stages):
-        for gpu, works in sorted(perf.stage_works(stage, graph).items()):
+        by_gpu = perf.stage_works(stage, graph)
+        for gpu, works in sorted(by_gpu.items()):
             events.extend(_gpu_events(index, gpu, works, stage.sharing, t0, perf))
-        t0 += perf.stage_time_s(stage, graph)
+        compute_s, stage_s = perf.stage_compute_s(stage, graph), perf.stage_time_s(stage, graph)
+        if stage_s > compute_s:
+            events += [TimelineEvent(ALL_REDUCE, index, gpu, t0 + compute_s, t0 + stage_s, 1.0)
+                       for gpu in sorted(by_gpu)]
+        t0 += stage_s
+    tail_s = (plan.predicted_iteration_s or perf.iteration_time_s(plan, graph)) - t0
+    if tail_s > 0:
+        events += [TimelineEvent(TAIL, len(plan.stages), gpu, t0, t0 + tail_s, 1.0)
+                   for gpu in range(plan.num_gpus)]
     return events
 
 
@@ -65,8 +80,10 @@ def plot_timeline(events: list[TimelineEvent], path: str | Path, title: str) -> 
     from matplotlib.figure import Figure
     from matplotlib.patches import Rectangle
 
-    names = sorted({e.module for e in events})
+    names = sorted({e.module for e in events} - {ALL_REDUCE, TAIL})
     colours = {n: colormaps["tab20"](i % 20) for i, n in enumerate(names)}
+    colours.update({ALL_REDUCE: "0.55", TAIL: "0.8"})  # greys: not a module's compute
+    names += [n for n in (ALL_REDUCE, TAIL) if any(e.module == n for e in events)]
     gpus = sorted({e.gpu for e in events})
     # Fixed margins in inches (title above; tick labels, axis label and legend rows below)
     # instead of tight_layout, whose extra layout pass was a third of each PNG's time.
