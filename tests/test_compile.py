@@ -1,0 +1,56 @@
+"""Compiled modules in the engine, on CPU: Inductor's kernels train like eager ones, and a
+module whose compile fails trains eagerly, alone, and says why."""
+
+import pytest
+import torch
+
+from mosaic.engine.compile import CompileReport, compile_modules, workaround_options
+from mosaic.engine.session import EngineConfig
+from mosaic.engine.trainer import TrainConfig, train
+from tests.test_engine import ToyModel, assert_state_close, one_gpu_plans, state_of
+
+
+def _train(model, engine: EngineConfig):
+    plan = one_gpu_plans(model.graph("tiny"))["free"]
+    return train(TrainConfig(device="cpu", model=model.name, plan=plan, steps=3, warmup_steps=0,
+                             lr=1e-2, optimizer="sgd", engine=engine, progress=False), model=model)
+
+
+@pytest.mark.slow
+def test_a_compiled_plan_trains_like_the_eager_one():
+    model = ToyModel("toyvlm")
+    eager = _train(model, EngineConfig())
+    compiled = _train(model, EngineConfig(compile="default"))
+    assert set(compiled.summary["compile"]["compiled"]) == set(model.factories)
+    assert not compiled.summary["compile"]["eager"]
+    assert_state_close(state_of(compiled.modules), state_of(eager.modules), rtol=1e-4, atol=1e-5)
+
+
+def test_a_module_whose_compile_fails_runs_eagerly_and_says_why(monkeypatch):
+    def broken_compile(module, **kwargs):
+        def fails(*args):
+            raise RuntimeError("AssertionError in tiling_utils (injected)")
+        return fails
+
+    monkeypatch.setattr(torch, "compile", broken_compile)
+    model = ToyModel("toyvlm")
+    eager = _train(model, EngineConfig())
+    result = _train(model, EngineConfig(compile="default"))
+    report = result.summary["compile"]
+    assert set(report["eager"]) == set(model.factories)
+    assert "tiling_utils (injected)" in report["eager"]["vision"]
+    assert_state_close(state_of(result.modules), state_of(eager.modules))
+
+
+def test_only_the_audio_encoder_gets_the_inductor_workaround():
+    from mosaic.zoo import get_model
+
+    modules = get_model("imagebind").build_modules("tiny")
+    options = {name: workaround_options(m)[0] for name, m in modules.items()}
+    assert options["audio"] == {"triton.coalesce_tiling_analysis": False}
+    assert all(not o for name, o in options.items() if name != "audio")
+
+
+def test_the_engine_refuses_inductors_own_cuda_graphs():
+    with pytest.raises(ValueError, match="captures CUDA graphs itself"):
+        compile_modules({"m": torch.nn.Linear(2, 2)}, "reduce-overhead", CompileReport())
