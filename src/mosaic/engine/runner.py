@@ -196,6 +196,11 @@ class PlanRunner:
                                   reduce_dtype=REDUCE_DTYPES[self.config.reduce_dtype])
         return wrapped
 
+    def release_ddp(self) -> None:
+        """Drop the DDP wrappers (and their reducers); a later step would wrap anew."""
+        self._ddp.clear()
+        self._ddp_pending = self.config.grad_sync == "ddp"
+
     def _pipeline_streams(self) -> dict[int, Any]:
         """Micro-batch overlap needs the temporal stages off the main stream: one side stream
         per temporal stage (made now, at start-up), the last stage's at high priority since it

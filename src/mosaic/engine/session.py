@@ -211,6 +211,10 @@ class RankSession:
                 "graphs": self.runner.graphed, "compile": self.config.compile}
 
     def close(self) -> None:
+        # DDP reducers hold the module groups' communicators: let them go now, while the
+        # process group still exists, not whenever the garbage collector gets to them
+        # after destroy_process_group.
+        self.runner.release_ddp()
         self.pool.close()
 
 
