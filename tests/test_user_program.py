@@ -7,7 +7,6 @@ gradient must equal its gradient, in one process and across two (gloo, torchrun)
 
 from __future__ import annotations
 
-import math
 import os
 import subprocess
 import sys
@@ -15,7 +14,6 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.nn.functional as F
 from safetensors.torch import load_file
 from torch import nn
 
@@ -24,6 +22,7 @@ from mosaic.engine.user_program import UserProgram, UserProgramError
 from mosaic.graph import MMGraph
 from mosaic.zoo import get_model
 from tests.helpers import spec
+from tests.test_engine import Contrastive
 
 CPU = torch.device("cpu")
 DRIVER = Path(__file__).with_name("user_program_driver.py")
@@ -69,21 +68,6 @@ class Encoder(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc2(torch.tanh(self.fc1(x)))
-
-
-class Contrastive(nn.Module):
-    needs_global_batch = True
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.proj = nn.Linear(8, 8)
-        self.logit_scale = nn.Parameter(torch.tensor(math.log(1 / 0.07)))
-
-    def forward(self, v: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-        v, t = F.normalize(self.proj(v), dim=-1), F.normalize(t, dim=-1)
-        logits = self.logit_scale.exp() * v @ t.T
-        labels = torch.arange(len(v), device=v.device)
-        return (F.cross_entropy(logits, labels) + F.cross_entropy(logits.T, labels)) / 2
 
 
 def toy(batch: int = 8):
