@@ -17,10 +17,4 @@ class MosaicError(ValueError):
 def is_user_error(exc: BaseException) -> bool:
     if os.environ.get("MOSAIC_DEBUG"):
         return False
-    if isinstance(exc, MosaicError):
-        return True
-    # Transitional: the engine's errors (engine/, engine/measure.py) still derive from plain
-    # ValueError until that rewrite lands; keep accepting ValueError subclasses defined in
-    # mosaic.* so none of them regresses to a traceback. Drop this once they are MosaicErrors.
-    cls = type(exc)
-    return issubclass(cls, ValueError) and cls.__module__.startswith("mosaic.")
+    return isinstance(exc, MosaicError)

@@ -31,6 +31,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from mosaic.errors import MosaicError
 from mosaic.hardware import GPUSpec
 from mosaic.plan import SHARING_MODES, Plan
 
@@ -41,7 +42,7 @@ DEFAULT_SM_GRANULARITY = 8
 """SMs per green-context group when no GPUSpec is given (Hopper's minimum partition)."""
 
 
-class PoolError(ValueError):
+class PoolError(MosaicError):
     """Requests that no device can satisfy; the message names the module and the fix."""
 
 

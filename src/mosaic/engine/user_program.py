@@ -38,6 +38,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
+from mosaic.errors import MosaicError
 from mosaic.graph import MMGraph
 
 CompileFn = Callable[[str, nn.Module, str], Callable[..., Any]]
@@ -50,7 +51,7 @@ _CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
 the second records, so two steps hold compile work; one step in the other modes."""
 
 
-class UserProgramError(ValueError):
+class UserProgramError(MosaicError):
     """A model or setting the user-program baseline cannot run; the message says the fix."""
 
 

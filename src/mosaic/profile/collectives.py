@@ -41,6 +41,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from mosaic.errors import MosaicError
 from mosaic.profile.db import (
     COMM_KINDS,
     P2P_KINDS,
@@ -66,7 +67,7 @@ warnings.filterwarnings("ignore", message=r".*(reduce_scatter_tensor|all_gather_
                         r"` is deprecated", category=FutureWarning)
 
 
-class CollectivesError(RuntimeError):
+class CollectivesError(MosaicError):
     """A run that cannot measure (no torchrun, one process, no GPU); the message says the fix."""
 
 
