@@ -293,11 +293,18 @@ def bench(results: Path, arg: str | None) -> str:
 
 def iteration_error_table(dir_or_files: str | Path | Iterable[str | Path],
                           results: Path = RESULTS) -> str:
-    """Every predicted plan row's error, then the gate's verdict in bold."""
+    """Every predicted plan row's error, predicted by today's shipped model on the plan each
+    result measured, then the gate's verdict in bold. A str argument may list several paths,
+    comma-separated."""
     from mosaic.perf.accuracy import gate_summary, iteration_error
+    from mosaic.perf.repredict import Repredictor
 
-    paths = [dir_or_files] if isinstance(dir_or_files, str | Path) else list(dir_or_files)
-    result = iteration_error([results / p for p in paths])
+    if isinstance(dir_or_files, str):
+        dir_or_files = [p.strip() for p in dir_or_files.split(",") if p.strip()]
+    paths = [dir_or_files] if isinstance(dir_or_files, Path) else list(dir_or_files)
+    result = iteration_error([results / p for p in paths], repredict=Repredictor())
+    for row in result["rows"]:  # files given one by one are named by their full path
+        row["file"] = row["file"].removeprefix(f"{results}/")
     rows = [[r["file"], r["model"], r["preset"], str(r["gpus"]), str(r["global_batch"]),
              r["planner"], ms(r["predicted_s"]), ms(r["measured_s"]),
              "not predicted" if r["error"] is None else pct(r["error"])] for r in result["rows"]]

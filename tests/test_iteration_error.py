@@ -116,11 +116,25 @@ def test_bad_input_is_a_user_error(tmp_path, make, needle):
 
 def test_cli_prints_the_verdict_and_exits_0_on_fail(tmp_path):
     with_errors(tmp_path / "bench.json", 0.01, -0.2)
-    out = CliRunner().invoke(app, ["model-error", "--iterations", str(tmp_path)])
+    recorded = ["model-error", "--iterations", str(tmp_path), "--as-recorded"]
+    out = CliRunner().invoke(app, recorded)
     assert out.exit_code == 0, out.output
     assert "FAIL" in out.output and "-20.0%" in out.output
-    out = CliRunner().invoke(app, ["model-error", "--iterations", str(tmp_path), "--json"])
+    out = CliRunner().invoke(app, [*recorded, "--json"])
     assert out.exit_code == 0 and json.loads(out.output)["passed"] is False
+
+
+def test_todays_model_predicts_the_measured_plans_again():
+    """The default: each plan predicted by today's shipped model for the engine it ran on, so
+    a result measured after the engine term was fitted is an out-of-sample check."""
+    from mosaic.perf.repredict import Repredictor
+
+    held_out = RESULTS / "compiled-profile-h200x2"
+    r = iteration_error(held_out, repredict=Repredictor())
+    assert r["predictions"] == "today's model" and r["count"] == 4 and r["not_predicted"] == 1
+    assert r["max_abs_error"] <= 0.10
+    out = CliRunner().invoke(app, ["model-error", "--iterations", str(held_out), "--json"])
+    assert json.loads(out.output)["rows"] == json.loads(json.dumps(r["rows"]))
 
 
 def test_repo_results_agree_with_the_recorded_errors():

@@ -222,7 +222,9 @@ def test_profiler_orchestration_on_a_fake_gpu(tmp_path, monkeypatch):
     prof.release()
     rep = prof.report
     assert rep.num_modules == 3 and rep.num_distinct == 3 and rep.signatures == 3
-    assert 3 * 14 <= rep.points <= 3 * 16 and rep.full_grid == 3 * 4 * 16
+    # tiny clip: global batch 8, grid to 4x = 32 (1, 2, 4, 8, 16, 32) x 16 SM counts
+    assert prof.batches == [1, 2, 4, 8, 16, 32]
+    assert 3 * 14 <= rep.points <= 3 * 16 and rep.full_grid == 3 * 6 * 16
     assert rep.colocations == 1 * 2 * 4  # one pair (text, vision) x 2 batches x 4 modes
     colocs = db.colocations()
     assert {c.sharing for c in colocs} == {"partition", "cap", "free"}
@@ -241,3 +243,41 @@ def make_cluster_h200():
     from mosaic.hardware import make_cluster
 
     return make_cluster(1, "h200")
+
+
+def test_a_module_holds_eager_and_compiled_surfaces_under_distinct_signatures(tmp_path):
+    db = ProfileDB.create(tmp_path / "k.sqlite", hardware="h200", num_sms=132)
+    vision = spec("vision")
+    eager, compiled = db.add_module("m", "small", vision), db.add_module("m", "small", vision,
+                                                                          "compile-default")
+    assert eager == module_signature(vision) and compiled == module_signature(vision, "compile-default")
+    assert eager != compiled
+    assert [m.kernels for m in db.modules()] == ["eager", "compile-default"]
+    assert [m.signature for m in db.modules("compile-default")] == [compiled]
+    with pytest.raises(ProfileDBError, match="kernels 'turbo'"):
+        db.add_module("m", "small", vision, "turbo")
+    db.close()
+
+
+def test_a_version_1_db_reads_as_eager_and_is_migrated_when_written(tmp_path):
+    path = tmp_path / "v1.sqlite"
+    db = ProfileDB.create(path, hardware="h200", num_sms=132)
+    sig = db.add_module("m", "small", spec("vision"))
+    db.close()
+    conn = sqlite3.connect(path)  # rebuild the version-1 modules table (no kernels column)
+    conn.executescript("DROP VIEW module_points_named; ALTER TABLE modules DROP COLUMN kernels;"
+                       "UPDATE meta SET value = '1' WHERE key = 'schema_version';")
+    conn.close()
+    with ProfileDB.open(path) as old:
+        assert [(m.signature, m.kernels) for m in old.modules()] == [(sig, "eager")]
+    with ProfileDB.open(path, readonly=False) as db:
+        assert db.meta["schema_version"] == str(SCHEMA_VERSION)
+        db.add_module("m", "small", spec("vision"), "compile-default")
+        assert sorted(m.kernels for m in db.modules()) == ["compile-default", "eager"]
+
+
+def test_the_batch_grid_reaches_past_the_global_batch():
+    from mosaic.profile.sampling import batch_grid
+
+    assert batch_grid(32, 128) == [1, 2, 4, 8, 16, 32, 64, 128]
+    assert batch_grid(24, 96) == [1, 2, 4, 8, 16, 24, 32, 64, 96]

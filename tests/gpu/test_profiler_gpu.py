@@ -54,3 +54,22 @@ def test_colocated_group_times_each_member(bank):
     assert len(both.members_s) == 2 and both.median_s == pytest.approx(max(both.members_s), rel=0.2)
     # disjoint halves: together is not much slower than alone (only bandwidth is shared)
     assert both.members_s[0] < 1.6 * alone.median_s
+
+
+def test_compiled_profile_adds_compiled_surfaces_beside_the_eager_ones(tmp_path):
+    """`--kernels compile-default --update`: the compiled modules get their own signatures and
+    points, and the DB's eager modules stay."""
+    from mosaic.profile.db import ProfileDB
+    from mosaic.profile.profiler import ProfilerConfig, profile_models
+
+    path = str(tmp_path / "p.sqlite")
+    fast = {"budget_s": 60.0, "antagonist": False, "max_pairs": 0, "max_triples": 0,
+            "refine_budget": 0}
+    profile_models(["clip"], path, ProfilerConfig(preset="tiny", **fast))
+    profile_models(["clip"], path, ProfilerConfig(preset="tiny", kernels="compile-default", **fast),
+                   update=True)
+    with ProfileDB.open(path) as db:
+        eager, compiled = db.modules("eager"), db.modules("compile-default")
+        assert {m.module for m in eager} == {m.module for m in compiled} == {"vision", "text", "align"}
+        assert not {m.signature for m in eager} & {m.signature for m in compiled}
+        assert all(db.points(m.signature) for m in compiled)

@@ -263,6 +263,13 @@ class _GreenState:
     raw_streams: dict[str, Any] = field(default_factory=dict)
     driver_version: int | None = None
 
+    def synchronize(self) -> None:
+        for key, stream in self.raw_streams.items():
+            try:
+                _check(self.driver, "cuStreamSynchronize", stream)
+            except _GreenUnavailable as exc:
+                log.warning("green-context teardown: %s: %s", key, exc)
+
     def destroy(self) -> None:
         drv, errors = self.driver, []
         for key, stream in self.raw_streams.items():
@@ -280,6 +287,10 @@ class _GreenState:
         self.contexts.clear()
         if errors:
             log.warning("green-context teardown: %s", "; ".join(errors))
+
+
+_RETIRED: list[_GreenState] = []
+"""Closed pools' green contexts, kept alive until the process ends (SMPartitionPool.close)."""
 
 
 def _split_device(state: _GreenState, device: int, granularity: int, device_sms: int) -> Any:
@@ -458,10 +469,18 @@ class SMPartitionPool:
         }
 
     def close(self) -> None:
-        """Synchronize and destroy green streams and contexts (plain streams go with torch);
-        `backend` becomes 'closed'."""
+        """Synchronize the green streams and retire them with their contexts (plain streams go
+        with torch); `backend` becomes 'closed'.
+
+        Retired, not destroyed: memory used on these streams (record_stream, tensors NCCL
+        stashes until its process group is destroyed) records an event on them when it is
+        finally freed, which can be after the session, as late as interpreter exit. On a
+        destroyed context that aborts the process ("context is destroyed", measured on two
+        H200s in the NCCL tests). Contexts are few (one per partition of a pool) and
+        the driver frees them with the process."""
         if self._green is not None:
-            self._green.destroy()
+            self._green.synchronize()
+            _RETIRED.append(self._green)
             self._green = None
         self._streams.clear()
         self.backend = "closed"

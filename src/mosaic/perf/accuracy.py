@@ -176,7 +176,7 @@ ITERATION_MEDIAN_ERROR = 0.05
 """Target: the median |error| over all predicted plan rows at most 5%."""
 
 
-def _iteration_rows(name: str, report: dict[str, Any]) -> list[dict[str, Any]]:
+def _iteration_rows(name: str, report: dict[str, Any], repredict: Any = None) -> list[dict[str, Any]]:
     """One row per measured plan; a row without a prediction (user-program baselines such as
     torch-eager / torch-compile) keeps predicted_s and error None and stays out of the gate."""
     rows = []
@@ -184,7 +184,10 @@ def _iteration_rows(name: str, report: dict[str, Any]) -> list[dict[str, Any]]:
         if not isinstance(r, dict) or not r.get("measured_iteration_s"):
             continue
         measured = float(r["measured_iteration_s"])
-        predicted = float(r["predicted_iteration_s"]) if r.get("predicted_iteration_s") else None
+        if repredict is not None:
+            predicted = repredict.predict(report, r)
+        else:
+            predicted = float(r["predicted_iteration_s"]) if r.get("predicted_iteration_s") else None
         rows.append({"file": name, "model": report.get("model"), "preset": report.get("preset"),
                      "gpus": report.get("gpus"), "global_batch": report.get("global_batch"),
                      "planner": r.get("planner"), "predicted_s": predicted, "measured_s": measured,
@@ -208,15 +211,19 @@ def _gate(rows: Sequence[dict[str, Any]], max_error: float, median_error: float)
 
 def iteration_error(paths_or_dir: str | Path | Iterable[str | Path], *,
                     max_error: float = ITERATION_MAX_ERROR,
-                    median_error: float = ITERATION_MEDIAN_ERROR) -> dict[str, Any]:
+                    median_error: float = ITERATION_MEDIAN_ERROR,
+                    repredict: Any = None) -> dict[str, Any]:
     """Whole-iteration prediction error of every plan row in bench results (fractions, signed:
     predicted / measured - 1), with the gate: every |error| <= max_error, median <= median_error.
+    `repredict` (a perf.repredict.Repredictor): judge today's model, not the predictions the
+    results recorded when they were measured.
     """
     rows: list[dict[str, Any]] = []
     files = bench_result_files(paths_or_dir)
     for name, path in files:
-        rows += _iteration_rows(name, load_bench_result(path) or {"results": []})
+        rows += _iteration_rows(name, load_bench_result(path) or {"results": []}, repredict)
     return {"files": [name for name, _ in files],
+            "predictions": "recorded" if repredict is None else "today's model",
             "targets": {"max_abs_error": max_error, "median_abs_error": median_error},
             "rows": rows, "not_predicted": sum(r["error"] is None for r in rows),
             **_gate(rows, max_error, median_error)}

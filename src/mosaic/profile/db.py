@@ -1,14 +1,16 @@
 """ProfileDB: measured module times, colocations, interference signatures and comm curves.
 
 One SQLite file per GPU kind (stdlib `sqlite3`, no pickle). The profiler is the one writer;
-the performance model opens it read-only. Schema (SCHEMA_VERSION 1):
+the performance model opens it read-only. Schema (SCHEMA_VERSION 2):
 
 - `meta(key, value)`: schema_version, hardware, num_sms, torch/cuda/driver versions, date,
   git_sha, config (the profiler's config as JSON); `comm_topology.<n>` (JSON): how the n-GPU
   comm curves were measured (GPU, NCCL version and env, `nvidia-smi topo -m`; collectives.py).
-- `modules(model, preset, module, signature, spec_json)`: every profiled module, with the
-  ModuleSpec it was profiled as. Modules with identical cost facts share a `signature` and
-  are measured once (symmetry pruning).
+- `modules(model, preset, module, kernels, signature, spec_json)`: every profiled module, with
+  the ModuleSpec it was profiled as and the kernels it ran (`eager`, or `compile-<mode>` for
+  Inductor's: the engine's default, so what the engine really runs is what is measured).
+  Modules with identical cost facts and kernels share a `signature` and are measured once
+  (symmetry pruning). A version-1 DB (no `kernels` column) reads as all eager.
 - `module_points(signature, per_gpu_batch, num_sms, time_s, spread, repeats, phase)`:
   forward + backward of one module alone, median over CUDA-graph replays; `spread` is
   (p90 - p10) / median; `phase` says which sampling pass chose the point (coarse/refine).
@@ -40,23 +42,31 @@ from typing import Any
 from mosaic.errors import MosaicError
 from mosaic.graph import ModuleSpec
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+READABLE_VERSIONS = ("1", "2")
+"""Version 1 lacks modules.kernels (every module eager); opening it for writing migrates it."""
+KERNELS = ("eager", "compile-default", "compile-max-autotune-no-cudagraphs")
 TOPOLOGY_KEY = "comm_topology"
 DATA_DIR = Path(__file__).parent / "data"
 FIX = "re-run `python benchmarks/profile_h200.py --db PATH` on the GPU (or pass another --db)"
 
-_SCHEMA = """
-CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+_MODULES = """
 CREATE TABLE modules (
   model TEXT NOT NULL, preset TEXT NOT NULL, module TEXT NOT NULL,
-  signature TEXT NOT NULL, spec_json TEXT NOT NULL,
-  PRIMARY KEY (model, preset, module));
+  signature TEXT NOT NULL, spec_json TEXT NOT NULL, kernels TEXT NOT NULL DEFAULT 'eager',
+  PRIMARY KEY (model, preset, module, kernels));
+"""
+_NAMED_POINTS = """
+CREATE VIEW module_points_named AS
+  SELECT m.model, m.preset, m.module, m.kernels, p.*
+  FROM modules m JOIN module_points p USING (signature);
+"""
+_SCHEMA = _MODULES + """
+CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE module_points (
   signature TEXT NOT NULL, per_gpu_batch INTEGER NOT NULL, num_sms INTEGER NOT NULL,
   time_s REAL NOT NULL, spread REAL NOT NULL, repeats INTEGER NOT NULL, phase TEXT NOT NULL,
   PRIMARY KEY (signature, per_gpu_batch, num_sms));
-CREATE VIEW module_points_named AS
-  SELECT m.model, m.preset, m.module, p.* FROM modules m JOIN module_points p USING (signature);
 CREATE TABLE colocations (
   id INTEGER PRIMARY KEY, model TEXT NOT NULL, preset TEXT NOT NULL, sharing TEXT NOT NULL,
   works_json TEXT NOT NULL, group_time_s REAL NOT NULL, spread REAL NOT NULL,
@@ -72,7 +82,7 @@ CREATE TABLE comm (
 CREATE TABLE fits (
   name TEXT PRIMARY KEY, params_json TEXT NOT NULL, mape REAL, n_points INTEGER,
   created TEXT NOT NULL);
-"""
+""" + _NAMED_POINTS
 
 
 _ITERATIONS = """
@@ -96,6 +106,7 @@ class ModuleRecord:
     module: str
     signature: str
     spec: ModuleSpec
+    kernels: str = "eager"
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -222,9 +233,12 @@ COST_FACTS = (
 )
 
 
-def module_signature(spec: ModuleSpec) -> str:
-    """Hash of the cost facts (not the name): equal facts, equal measurements."""
-    facts = {f: getattr(spec, f) for f in COST_FACTS}
+def module_signature(spec: ModuleSpec, kernels: str = "eager") -> str:
+    """Hash of the cost facts (not the name) and of the kernels: equal facts run by the same
+    kernels, equal measurements. Eager signatures hash the facts alone, as version 1 did."""
+    facts: dict[str, Any] = {f: getattr(spec, f) for f in COST_FACTS}
+    if kernels != "eager":
+        facts["kernels"] = kernels
     facts["input_shape"] = list(spec.input_shape)
     for f in ("flops_per_sample", "activation_bytes_per_sample"):
         facts[f] = float(f"{float(facts[f]):.6g}")
@@ -296,15 +310,17 @@ class ProfileDB:
             raise ProfileDBError(f"{path} is not a profile DB ({exc}); {FIX}") from None
         meta = dict(rows)
         version = meta.get("schema_version")
-        if version != str(SCHEMA_VERSION):
+        if version not in READABLE_VERSIONS:
             conn.close()
-            raise ProfileDBError(
-                f"{path} has schema_version {version}, this mosaic reads {SCHEMA_VERSION}; {FIX}")
+            raise ProfileDBError(f"{path} has schema_version {version}, this mosaic reads "
+                                 f"{', '.join(READABLE_VERSIONS)}; {FIX}")
         if hardware is not None and meta.get("hardware") != hardware.lower():
             conn.close()
             raise ProfileDBError(
                 f"{path} was profiled on {meta.get('hardware')!r}, not {hardware.lower()!r}; "
                 f"profile this hardware or pass its DB with --db")
+        if not readonly and version != str(SCHEMA_VERSION):
+            _migrate_to_kernels(conn)
         return cls(conn, path, readonly)
 
     def close(self) -> None:
@@ -339,10 +355,13 @@ class ProfileDB:
         self.conn.commit()
 
     # writers ----------------------------------------------------------------------------------
-    def add_module(self, model: str, preset: str, spec: ModuleSpec) -> str:
-        sig = module_signature(spec)
-        self._write("INSERT OR REPLACE INTO modules VALUES (?, ?, ?, ?, ?)",
-                    [(model, preset, spec.name, sig, spec_to_json(spec))])
+    def add_module(self, model: str, preset: str, spec: ModuleSpec, kernels: str = "eager") -> str:
+        if kernels not in KERNELS:
+            raise ProfileDBError(f"kernels {kernels!r}: choose one of {KERNELS}")
+        sig = module_signature(spec, kernels)
+        self._write("INSERT OR REPLACE INTO modules (model, preset, module, signature, spec_json,"
+                    " kernels) VALUES (?, ?, ?, ?, ?, ?)",
+                    [(model, preset, spec.name, sig, spec_to_json(spec), kernels)])
         return sig
 
     def add_points(self, points: list[ModulePoint]) -> None:
@@ -409,11 +428,16 @@ class ProfileDB:
                                 engine_term_s=r[7], measured_s=r[8], engine=r[9],
                                 perf_model=r[10], date=r[11]) for r in rows]
 
-    def modules(self) -> list[ModuleRecord]:
-        rows = self.conn.execute("SELECT model, preset, module, signature, spec_json FROM modules"
-                                 " ORDER BY model, preset, module").fetchall()
+    def modules(self, kernels: str | None = None) -> list[ModuleRecord]:
+        """Profiled modules (of one kind of kernels, or all)."""
+        has_kernels = "kernels" in _columns(self.conn, "modules")
+        rows = self.conn.execute(
+            "SELECT model, preset, module, signature, spec_json, "
+            + ("kernels" if has_kernels else "'eager'")
+            + " FROM modules ORDER BY model, preset, module").fetchall()
         return [ModuleRecord(model=r[0], preset=r[1], module=r[2], signature=r[3],
-                             spec=spec_from_json(r[4])) for r in rows]
+                             spec=spec_from_json(r[4]), kernels=r[5]) for r in rows
+                if kernels is None or r[5] == kernels]
 
     def points(self, signature: str | None = None) -> list[ModulePoint]:
         sql = "SELECT * FROM module_points"
@@ -460,3 +484,22 @@ class ProfileDB:
     def iter_counts(self) -> Iterator[tuple[str, int]]:
         for table in ("modules", "module_points", "colocations", "signatures", "comm", "fits"):
             yield table, self.conn.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0]
+
+
+def _columns(conn: sqlite3.Connection, table: str) -> set[str]:
+    return {row[1] for row in conn.execute(f"PRAGMA table_info({table})")}
+
+
+def _migrate_to_kernels(conn: sqlite3.Connection) -> None:
+    """Version 1 -> 2: modules gains `kernels` (all old rows eager) and it joins the key, so
+    one module can hold both eager and compiled surfaces. SQLite cannot change a primary key
+    in place: the table is rebuilt, in one transaction."""
+    with conn:
+        conn.execute("ALTER TABLE modules RENAME TO modules_v1")
+        conn.execute("DROP VIEW IF EXISTS module_points_named")
+        conn.execute(_MODULES)
+        conn.execute(_NAMED_POINTS)
+        conn.execute("INSERT INTO modules (model, preset, module, signature, spec_json, kernels)"
+                     " SELECT model, preset, module, signature, spec_json, 'eager' FROM modules_v1")
+        conn.execute("DROP TABLE modules_v1")
+        conn.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(SCHEMA_VERSION),))

@@ -18,6 +18,7 @@ Per model, in order (later steps are cut first when the budget runs short):
 from __future__ import annotations
 
 import itertools
+import json
 import math
 import time
 import traceback
@@ -30,6 +31,7 @@ import torch
 from mosaic.graph import MMGraph
 from mosaic.hardware import GPUSpec, gpu_spec
 from mosaic.profile.db import (
+    KERNELS,
     ColocPoint,
     ColocWork,
     CommPoint,
@@ -71,6 +73,12 @@ class ProfilerConfig:
     """Wall-clock budget for everything; each model gets an equal share of what is left."""
     amp: bool = True
     """bf16 autocast over fp32 weights, as the engine trains."""
+    kernels: str = "eager"
+    """`compile-<mode>`: each module behind Inductor first, as the engine runs it by default
+    (engine/compile.py, same workarounds and fallback), then captured as before."""
+    max_batch_factor: int = 4
+    """The batch grid reaches this many times the preset's global batch (per GPU), where the
+    module still fits in memory: benchmarks run up to 4x the preset batch."""
     timing: TimingConfig = field(default_factory=TimingConfig)
 
     def __post_init__(self) -> None:
@@ -79,6 +87,8 @@ class ProfilerConfig:
             raise ProfilerError(f"modes {bad}: choose from {MODES}")
         if not 0 < self.tol < 1:
             raise ProfilerError(f"tol={self.tol}: use a fraction such as 0.05")
+        if self.kernels not in KERNELS:
+            raise ProfilerError(f"kernels={self.kernels!r}: choose one of {KERNELS}")
 
 
 @dataclass(slots=True)
@@ -106,13 +116,39 @@ class ModelProfiler:
         self.cfg, self.db, self.bank, self.measured = cfg, db, bank, measured
         self.device = device
         self.graph: MMGraph = self.zoo.graph(cfg.preset)
-        self.batches = batch_grid(self.graph.global_batch)
-        self.modules = self.zoo.build_modules(cfg.preset, device)
+        self.batches = batch_grid(self.graph.global_batch, self._max_batch(cfg))
+        self.compile_report: Any = None
+        """engine.compile.CompileReport when the modules are compiled."""
+        self.modules = self._build(cfg, device)
         self.shapes = self.zoo.in_shapes(cfg.preset)
-        self.sigs = {m.name: db.add_module(name, cfg.preset, m) for m in self.graph.modules}
+        self.sigs = {m.name: db.add_module(name, cfg.preset, m, cfg.kernels)
+                     for m in self.graph.modules}
         self.report = ModelReport(model=name, num_modules=len(self.graph.modules))
         self._inputs: dict[int, dict[str, tuple[torch.Tensor, ...]]] = {}
         self._benches: dict[tuple[str, int], GraphBench] = {}
+
+    def _max_batch(self, cfg: ProfilerConfig) -> int:
+        """The largest power-of-two per-GPU batch (up to max_batch_factor x the preset's) at
+        which every module of the model fits in memory on its own."""
+        budget = 0.8 * gpu_spec(cfg.hardware).memory_bytes
+        limit = max(cfg.max_batch_factor, 1) * self.graph.global_batch
+        while limit > self.graph.global_batch and any(
+                m.static_bytes + m.activation_bytes_per_sample * limit > budget
+                for m in self.graph.modules):
+            limit //= 2
+        return max(limit, self.graph.global_batch)
+
+    def _build(self, cfg: ProfilerConfig, device: str) -> dict[str, Any]:
+        modules = self.zoo.build_modules(cfg.preset, device)
+        if cfg.kernels == "eager":
+            return modules
+        from mosaic.engine.compile import compile_modules
+
+        # Static shapes, as the engine compiles: one graph per batch of the grid, so the
+        # per-function recompile limit (8 by default) must cover the whole grid.
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+        compiled, self.compile_report = compile_modules(modules, cfg.kernels.removeprefix("compile-"))
+        return compiled
 
     # inputs and benches -----------------------------------------------------------------------
     def bench(self, name: str, b: int) -> GraphBench:
@@ -145,6 +181,12 @@ class ModelProfiler:
             self.report.notes.append(note)
 
     def release(self) -> None:
+        report = self.compile_report
+        if report is not None:
+            for name, why in report.eager.items():
+                self._note(f"{name}: compile failed, profiled eagerly ({why})")
+            self._note(f"compile: {sum(report.compile_s.values()):.0f} s over "
+                       f"{len(report.compile_s)} modules (first shapes)")
         self._drop_benches()
         self._inputs.clear()
         self.modules.clear()
@@ -333,14 +375,21 @@ def _check_device(gpu: GPUSpec) -> None:
 
 
 def profile_models(models: Sequence[str], db_path: str, cfg: ProfilerConfig,
-                   log: Callable[[str], None] = print) -> list[ModelReport]:
-    """Profile `models` at cfg.preset into a new DB at `db_path`; returns one report per model."""
+                   log: Callable[[str], None] = print, *, update: bool = False) -> list[ModelReport]:
+    """Profile `models` at cfg.preset into a new DB at `db_path` (`update`: add them to the
+    DB there, keeping its other modules, comm curves and fits); one report per model."""
     gpu = gpu_spec(cfg.hardware)
     _check_device(gpu)
     start = time.perf_counter()
     config = {**asdict(cfg), "models": list(models)}
-    db = ProfileDB.create(db_path, hardware=gpu.name, num_sms=gpu.num_sms, config=config,
-                          versions=_versions(torch.cuda.get_device_name(0)), overwrite=True)
+    versions = _versions(torch.cuda.get_device_name(0))
+    if update:
+        db = ProfileDB.open(db_path, hardware=gpu.name, readonly=False)
+        db.set_meta(f"profile.{cfg.kernels}.{cfg.preset}",
+                    json.dumps({**config, **versions}, sort_keys=True, default=str))
+    else:
+        db = ProfileDB.create(db_path, hardware=gpu.name, num_sms=gpu.num_sms, config=config,
+                              versions=versions, overwrite=True)
     bank = StreamBank(gpu)
     cfg = replace(cfg, timing=replace(cfg.timing, clock=bank.clock))
     log(f"streams: {len(bank.sm_values)} SM counts {bank.sm_values}, clock={bank.clock}")
@@ -359,8 +408,9 @@ def profile_models(models: Sequence[str], db_path: str, cfg: ProfilerConfig,
                 reports.append(ModelReport(model=name, notes=[f"failed: {exc}"]))
                 torch.cuda.synchronize()
                 torch.cuda.empty_cache()
-        db.add_comm(_comm(cfg.hardware, log))
-        db.set_meta("profile_wall_s", f"{time.perf_counter() - start:.1f}")
+        if not update:
+            db.add_comm(_comm(cfg.hardware, log))
+            db.set_meta("profile_wall_s", f"{time.perf_counter() - start:.1f}")
     finally:
         bank.close()
         db.close()
@@ -403,7 +453,6 @@ def _comm(hardware: str, log: Callable[[str], None]) -> list[CommPoint]:
 def measure_comm(world: int, max_bytes: float = float(256 << 20)) -> list[CommPoint]:
     """NCCL all-reduce over the first n GPUs (n = 2, 4, .. world) and p2p 0 -> 1, one process
     per GPU; NVLink multicast stays off (NCCL_NVLS_ENABLE=0)."""
-    import json
     import os
     import tempfile
 
@@ -420,7 +469,6 @@ def measure_comm(world: int, max_bytes: float = float(256 << 20)) -> list[CommPo
 
 
 def _comm_worker(rank: int, world: int, port: int, out: str, max_bytes: float) -> None:
-    import json
     import os
 
     import torch.distributed as dist

@@ -26,10 +26,11 @@ LOW_SMS = 8
 """Measured at the small batches only: the low end of the SM axis, where big modules are slow."""
 
 
-def batch_grid(global_batch: int) -> list[int]:
-    """Powers of two up to the global batch, plus the global batch itself."""
-    grid = [1 << i for i in range(global_batch.bit_length()) if (1 << i) <= global_batch]
-    return sorted(set(grid) | {global_batch})
+def batch_grid(global_batch: int, max_batch: int | None = None) -> list[int]:
+    """Powers of two up to `max_batch` (default: the global batch), plus both themselves."""
+    top = max(global_batch, max_batch or global_batch)
+    grid = [1 << i for i in range(top.bit_length()) if (1 << i) <= top]
+    return sorted(set(grid) | {global_batch, top})
 
 
 def _nearest(values: Sequence[int], target: int) -> int:

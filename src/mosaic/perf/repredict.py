@@ -1,0 +1,80 @@
+"""Predict past measurements again with today's model.
+
+A bench result stores the prediction its plans were chosen with. When the profile or the model
+changes (compiled-kernel surfaces, a refitted engine term), the question is how well the model
+*now* predicts what was measured then: the accuracy gate and the engine-term fit both ask it.
+The plan, model, preset, batch, GPU count and engine kind are all in the result, so the
+prediction is recomputed exactly as `mosaic plan` would make it for that engine.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from mosaic.graph import MMGraph
+from mosaic.hardware import GPUS, make_cluster
+from mosaic.plan import Plan, PlanError
+from mosaic.profile.db import default_db_path
+
+
+def hardware_of(report: dict[str, Any]) -> str | None:
+    """The GPU kind of a result ('NVIDIA H200' -> 'h200'), None when mosaic has no spec."""
+    words = str(report.get("hardware", "")).lower().replace("-", " ").split()
+    return next((w for w in reversed(words) if w in GPUS), None)
+
+
+class Repredictor:
+    """Today's profiled model, one per (hardware, GPU count, engine kind), on one ProfileDB."""
+
+    def __init__(self, db: str | Path | None = None) -> None:
+        self.db = db
+        self._models: dict[tuple[str, int, str], Any] = {}
+        self._graphs: dict[tuple[str, str, int], MMGraph] = {}
+
+    def _model(self, hardware: str, num_gpus: int, engine: str) -> Any:
+        from mosaic.perf.profiled import ProfiledModel
+
+        key = (hardware, num_gpus, engine)
+        if key not in self._models:
+            self._models[key] = ProfiledModel(make_cluster(num_gpus, hardware),
+                                              self.db or default_db_path(hardware), engine=engine)
+        return self._models[key]
+
+    def graph(self, report: dict[str, Any]) -> MMGraph:
+        from mosaic.zoo import get_model
+
+        key = (report["model"], report["preset"], int(report["global_batch"]))
+        if key not in self._graphs:
+            self._graphs[key] = get_model(key[0]).graph(key[1], global_batch=key[2])
+        return self._graphs[key]
+
+    def predict(self, report: dict[str, Any], row: dict[str, Any], *,
+                engine_term: bool = True) -> float | None:
+        """Seconds per iteration of `row`'s plan; None for rows without a plan (user programs)
+        or results this model cannot place (unknown GPU, a plan format it cannot read)."""
+        from mosaic.perf.engine_term import engine_kind
+
+        hardware = hardware_of(report)
+        if not row.get("plan") or hardware is None:
+            return None
+        try:
+            plan = Plan.from_dict(row["plan"])
+        except (PlanError, ValueError):
+            return None
+        return self.predict_plan(hardware, engine_kind(report.get("engine")), plan,
+                                 self.graph(report), engine_term=engine_term)
+
+    def predict_plan(self, hardware: str, engine: str, plan: Plan, graph: MMGraph, *,
+                     engine_term: bool = True) -> float:
+        """Seconds per iteration of `plan` on `engine` (an engine_term.engine_kind)."""
+        model = self._model(hardware, plan.num_gpus, engine)
+        seconds = model.iteration_time_s(plan, graph)
+        return seconds if engine_term else seconds - model.engine_term_s(plan, graph)
+
+    def describe(self, report: dict[str, Any]) -> str:
+        from mosaic.perf.engine_term import engine_kind
+
+        hardware = hardware_of(report) or "h200"
+        return self._model(hardware, int(report.get("gpus", 1)),
+                           engine_kind(report.get("engine"))).describe()
