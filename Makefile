@@ -4,6 +4,12 @@ BIN = $(VENV)/bin
 PIP = $(BIN)/python -m pip install -q -c constraints-cpu.txt
 MODEL ?= imagebind
 GPUS ?= 8
+# The demo's training run (tests/test_examples.py runs DEMO_CPU as written here): on a CPU, the
+# tiny CLIP on scikit-learn's handwritten digits (real images, zero-shot accuracy at the end);
+# on a GPU, the small CLIP on synthetic data.
+DEMO_CPU = train clip --preset tiny --data digits --batch 64 --steps 240 --lr 1e-3
+DEMO_GPU = train clip --preset small --steps 50
+HAS_CUDA = $(BIN)/python -c "import sys, torch; sys.exit(not torch.cuda.is_available())"
 
 .PHONY: demo test install install-test lint clean
 
@@ -11,13 +17,15 @@ $(BIN)/python:
 	$(PY) -m venv $(VENV) || python3 -m venv $(VENV)
 
 install: $(BIN)/python
-	$(PIP) -e '.[solver]'
+	$(PIP) -e '.[solver,data]'
 
 install-test: $(BIN)/python
-	$(PIP) -e '.[solver,test]'
+	$(PIP) -e '.[solver,test,data]'
 
 demo: install
 	$(BIN)/mosaic plan $(MODEL) --gpus $(GPUS) --out runs/plan-$(MODEL)-$(GPUS)
+	if $(HAS_CUDA); then $(BIN)/mosaic $(DEMO_GPU) --out runs/demo-clip-small --overwrite; \
+	else $(BIN)/mosaic $(DEMO_CPU) --out runs/demo-clip-digits --overwrite; fi
 
 lint: install-test
 	$(BIN)/ruff check src tests benchmarks examples

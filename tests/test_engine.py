@@ -18,9 +18,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mosaic.engine.comm import CommError, pieces, sample_range
+from mosaic.engine.comm import CommError, PlanComm, pieces, sample_range
 from mosaic.engine.runner import EngineError, PlanRunner, RunnerConfig
-from mosaic.engine.session import EngineConfig
+from mosaic.engine.session import EngineConfig, RankSession, batch_loader
 from mosaic.engine.timer import Timer
 from mosaic.engine.trainer import (
     OPTIMIZERS,
@@ -100,13 +100,16 @@ TOYS = {
 }
 
 
-class ToyModel:
-    """The zoo-model protocol (build_modules, make_inputs, graph) over TOYS."""
+class WholeBatchToy:
+    """The zoo-model protocol (build_modules, make_inputs, graph) over TOYS, without
+    `make_rows`: every rank makes the whole global batch and keeps its rows."""
 
     def __init__(self, name: str, global_batch: int = 12) -> None:
         self.name = name
         self.factories, self.edges = TOYS[name]
         self.global_batch = global_batch
+        self.requested: list[dict] = []
+        """The rows each make_rows call asked for (ToyModel), to check per-rank loading."""
 
     def build_modules(self, preset: str, device="cpu", dtype=torch.float32, *,
                       names: Iterable[str] | None = None, seed: int = 0) -> dict[str, nn.Module]:
@@ -134,6 +137,32 @@ class ToyModel:
             for n in self.factories)
         return MMGraph(name=self.name, modules=specs, edges=self.edges,
                        global_batch=global_batch or self.global_batch, preset=preset)
+
+
+class ToyModel(WholeBatchToy):
+    """WholeBatchToy plus `make_rows`: each sample from its own seed, so a rank makes only
+    the rows it processes (the trainer's per-rank loading, as the zoo's)."""
+
+    def make_rows(self, preset: str, ranges, *, step: int, seed: int,
+                  global_batch: int) -> dict[str, tuple[torch.Tensor, ...]]:
+        ranges = ranges or {n: (0, global_batch) for n in self.factories}
+        self.requested.append({"step": step, **{m: list(r) for m, r in ranges.items()}})
+        out = {}
+        for name, (start, stop) in ranges.items():
+            if name in ("vision", "text", "llm"):
+                samples = [self._sample(name, seed, step, i) for i in range(start, stop)]
+                out[name] = (torch.stack(samples),)
+        return out
+
+    @staticmethod
+    def _sample(name: str, seed: int, step: int, index: int) -> torch.Tensor:
+        g = torch.Generator().manual_seed(
+            ((seed * 1_000_003 + step) * 10_007 + index) * 101 + zlib.crc32(name.encode()) % 101)
+        if name == "vision":
+            return torch.randn(12, generator=g)
+        if name == "text":
+            return torch.randint(0, 20, (5,), generator=g)
+        return torch.randint(0, 5, (), generator=g)
 
 
 def reference_state(model, preset: str, steps: int, lr: float, seed: int = 0,
@@ -231,8 +260,9 @@ def test_loss_falls_over_20_steps(tmp_path):
 
 @pytest.mark.parametrize("toy", ["toyclip", "toyvlm"])
 @pytest.mark.parametrize("sharing", ["temporal", "free", "partition", "cap"])
-def test_one_gpu_equals_reference_loop(toy, sharing):
-    model = ToyModel(toy)
+@pytest.mark.parametrize("kind", [ToyModel, WholeBatchToy])
+def test_one_gpu_equals_reference_loop(toy, sharing, kind):
+    model = kind(toy)
     plan = one_gpu_plans(model.graph("tiny"))[sharing]
     for optimizer in ("sgd", "adamw"):
         result = train(TrainConfig(device="cpu", model=toy, plan=plan, steps=3, warmup_steps=0, lr=1e-2,
@@ -257,6 +287,52 @@ def test_micro_batches_refuse_a_contrastive_head():
     with pytest.raises(EngineError, match="whole batch"):
         train(TrainConfig(device="cpu", model="toyclip", plan=plan, steps=1, warmup_steps=0),
               model=model)
+
+
+def test_gradient_accumulation_equals_reference_loop():
+    """Two accumulation micro-steps, each loading only its own rows, make the whole batch's
+    update (SGD: a wrong loss scale would show)."""
+    model = ToyModel("toyvlm")
+    plan = one_gpu_plans(model.graph("tiny"))["temporal"]
+    result = train(TrainConfig(device="cpu", model="toyvlm", plan=plan, steps=3, warmup_steps=0,
+                               lr=1e-2, optimizer="sgd", engine=EngineConfig(accumulation=2)),
+                   model=model)
+    assert_state_close(state_of(result.modules), reference_state(model, "tiny", 3, 1e-2))
+    assert model.requested[0] == {"step": 0, "vision": [0, 6], "text": [0, 6], "llm": [0, 6],
+                                  "adapter": [0, 6]}
+
+
+@pytest.mark.parametrize("rank", [0, 1, 2])
+def test_each_rank_loads_only_its_rows(rank):
+    """Rank `rank` of a 3-GPU plan (DP 3 -> 1 -> DP 3 with two micro-steps) asks the model for
+    its own rows only, and gets what slicing the whole global batch gives."""
+    model = ToyModel("toyvlm", global_batch=12)
+    graph = model.graph("tiny")
+    plan = Plan(model="toyvlm", planner="manual", num_gpus=3, stages=(
+        Stage(sharing="temporal", placements=(Placement(module="vision", gpus=(2, 0, 1)),
+                                              Placement(module="text", gpus=(1,)))),
+        Stage(sharing="temporal", placements=(Placement(module="adapter", gpus=(0, 1, 2)),)),
+        Stage(sharing="temporal", placements=(Placement(module="llm", gpus=(0, 1, 2)),))))
+    comm = PlanComm(rank=rank, world_size=3, device=torch.device("cpu"), groups={})
+    local = [m for m in graph.names if rank in plan.placement(m).gpus]
+    modules = build_modules(model, "tiny", local, 0)
+    half = replace(graph, global_batch=6)  # the graph of one of two accumulation micro-steps
+    runner = PlanRunner(plan=plan, graph=half, modules=modules, comm=comm)
+    session = RankSession(plan=plan, graph=graph, runner=runner, comm=comm, pool=None,
+                          config=EngineConfig(accumulation=2))
+    got = session.load_local_batch(batch_loader(model, "tiny", 12, 0, 5))
+    vision = {2: [0, 2], 0: [2, 4], 1: [4, 6]}[rank]  # placement order, not rank order
+    llm = [2 * rank, 2 * rank + 2]
+    want_rows = [{"vision": vision, "llm": llm, **({"text": [0, 6]} if rank == 1 else {})},
+                 {"vision": [v + 6 for v in vision], "llm": [v + 6 for v in llm],
+                  **({"text": [6, 12]} if rank == 1 else {})}]
+    asked = [{k: v for k, v in r.items() if k not in ("step", "adapter")} for r in model.requested]
+    assert asked == want_rows
+    want = session.local_batch(make_batch(model, "tiny", 12, 0, 5))  # slice the whole batch
+    assert [sorted(g) for g in got] == [sorted(w) for w in want]
+    for g, w in zip(got, want, strict=True):
+        for m in w:
+            assert all(torch.equal(a, b) for a, b in zip(g[m], w[m], strict=True))
 
 
 ZOO_MODELS = ["clip", "imagebind", "qwen3-vl", "ofasys"]

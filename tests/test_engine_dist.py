@@ -21,7 +21,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from safetensors.torch import load_file, save_file
 
-from mosaic.engine.session import EngineConfig
+from mosaic.engine.session import Dist, EngineConfig, end_distributed
 from mosaic.engine.trainer import TrainConfig, train
 from mosaic.plan import Placement, Plan, Stage
 from tests.test_engine import ToyModel, assert_state_close, reference_state, state_of
@@ -122,13 +122,16 @@ def _worker(rank: int, world: int, ports: tuple[int, int], cases: dict, out_dir:
         config = TrainConfig(device=device, model=toy, steps=STEPS, warmup_steps=int(graphs),
                              lr=LR, optimizer="sgd", engine=engine,
                              metrics_path=str(where / "metrics.jsonl"), **source)
+        model = ToyModel(toy)
         try:
-            result = train(config, model=ToyModel(toy))
+            result = train(config, model=model)
         except ValueError as exc:
             (where / f"rank{rank}.json").write_text(json.dumps({"error": str(exc)}))
             continue
         save_file(state_of(result.modules), str(where / f"rank{rank}.safetensors"))
-    dist.destroy_process_group()
+        (where / f"rank{rank}-rows.json").write_text(json.dumps(model.requested))
+    end_distributed(Dist(rank=rank, world_size=world, device=torch.device(device),
+                         owns_group=True))
 
 
 def _free_ports() -> tuple[int, int]:
@@ -172,6 +175,11 @@ def test_two_processes_equal_one(tmp_path, references):
         if name.startswith("error-"):
             continue
         check_case(tmp_path, name, toy, plan, 2, references[toy])
+    for rank in range(2):  # each rank made only its own rows of each step's batch
+        rows = json.loads((tmp_path / "megatron" / f"rank{rank}-rows.json").read_text())
+        share = [6 * rank, 6 * rank + 6]
+        assert rows == [{"step": s, "vision": share, "text": share, "head": [0, 12]}
+                        for s in range(STEPS)]
     expected = {"error-world-size": "plan needs num_gpus=4 processes",
                 "error-invalid-plan": "['text'] are not placed",
                 "error-missing-plan-file": "cannot read plan file"}

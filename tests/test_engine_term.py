@@ -19,6 +19,7 @@ from mosaic.perf.engine_term import (
     fit_engine_term,
     fit_engine_terms,
     held_out_mape,
+    kernels_of_engine,
     plan_features,
     refit,
     rows_from_db,
@@ -76,6 +77,10 @@ def test_engine_kind_of_a_bench_engine_record():
     assert engine_kind(None) == "eager"
     assert engine_kind({"graphs": False, "compile": None}) == "eager"
     assert engine_kind({"graphs": True, "compile": "default"}) == "graphs+compile-default"
+    assert engine_kind({"graphs": True, "compile": "default", "grad_sync": "bucketed",
+                        "reduce_dtype": "bf16"}) == "graphs+compile-default+bucketed+bf16-reduce"
+    assert kernels_of_engine("graphs+compile-default+bucketed") == "compile-default"
+    assert kernels_of_engine("graphs") == kernels_of_engine(None) == "eager"
 
 
 def test_the_repos_bench_results_fit_better_than_uncorrected():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -21,3 +22,26 @@ def test_clip_imu_example_trains():
     first, last = map(float, re.search(r"loss ([\d.]+) -> ([\d.]+)", result.stdout).groups())
     assert last < first
     assert "zero-shot accuracy after training" in result.stdout
+
+
+def _makefile_demo_args() -> list[str]:
+    """`make demo`'s CPU training run, as the Makefile writes it (DEMO_CPU = ...)."""
+    line = re.search(r"^DEMO_CPU = (.+)$", (ROOT / "Makefile").read_text(), re.M)
+    return line.group(1).split()
+
+
+@pytest.mark.slow
+def test_the_cpu_demo_learns_the_digits(tmp_path):
+    """The README's demo on a CPU: the tiny CLIP on scikit-learn's digits, planned and trained;
+    the loss falls clearly and the zero-shot accuracy on held-out images beats chance (0.1)."""
+    out = tmp_path / "run"
+    result = subprocess.run([sys.executable, "-m", "mosaic", *_makefile_demo_args(),
+                             "--out", str(out)], capture_output=True, text=True, timeout=280,
+                            cwd=ROOT)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert re.search(r"zero-shot accuracy [\d.]+ on 359 held-out images", result.stdout)
+    losses = [json.loads(line)["loss"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+    first, last = sum(losses[:3]) / 3, sum(losses[-20:]) / 20
+    assert last < 0.8 * first, (first, last)
+    accuracy = json.loads((out / "summary.json").read_text())["eval"]["zero_shot_accuracy"]
+    assert accuracy > 0.3, accuracy  # three times chance

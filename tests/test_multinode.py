@@ -23,7 +23,8 @@ def test_single_node_predictions_are_pinned():
     """Numbers from before the multi-node model: one node must predict exactly as it did."""
     cluster = make_cluster(8, "h200")
     graph = get_model("ofasys").graph("paper")
-    perf = make_perf_model("profiled", cluster, preset="paper")
+    # engine=None: the composed model alone (eager surfaces, no fitted engine term), as pinned
+    perf = make_perf_model("profiled", cluster, preset="paper", engine=None)
     got = {p.planner: p.predicted_iteration_s for p in plan_all(graph, cluster, perf)}
     assert got == pytest.approx({"megatron": 0.07419771531562581, "distmm": 0.06012980273261512,
                                  "spindle": 0.058675230484632274, "mosaic": 0.057953706723456164},

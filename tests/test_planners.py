@@ -193,19 +193,23 @@ def test_modules_that_fit_alone_but_not_together():
 
 def test_registry():
     assert set(PLANNERS) == {"megatron", "distmm", "spindle", "mosaic", "exhaustive", "gahc",
-                             "mosaic-partition", "mosaic-unaware"}
+                             "mosaic-partition", "mosaic-unaware", "mosaic-tp"}
     with pytest.raises(PlanError, match="unknown planner 'nope'.*megatron"):
         get_planner("nope")
     with pytest.raises(PlanError, match="sm_step"):
         MosaicPlannerConfig(sm_step=1.5)
+    with pytest.raises(PlanError, match="tensor_parallel='always'"):
+        MosaicPlannerConfig(tensor_parallel="always")
 
 
 def test_plan_all_skips_a_baseline_that_cannot_fit():
-    """Megatron replicates every module on all GPUs; mosaic finds room by spreading them."""
+    """Megatron replicates every module on all GPUs, even with their states sharded (one-layer
+    modules are all-gathered whole: sharding over 4 saves only a quarter); mosaic finds room
+    by spreading them."""
     rng = random.Random(2)
     mods = tuple(ModuleSpec(name=f"e{i}", kind="encoder", input_shape=(16, 2048),
-                            num_params=int(3e9), num_layers=40, hidden_dim=2048,
-                            tokens_per_sample=16, flops_per_sample=6 * 3e9 * 16,
+                            num_params=int(7.5e9), num_layers=1, hidden_dim=2048,
+                            tokens_per_sample=16, flops_per_sample=6 * 7.5e9 * 16,
                             activation_bytes_per_sample=1e6, output_bytes_per_sample=1e4)
                  for i in range(3))
     graph = MMGraph(name="heavy", modules=(*mods, random_module(rng, "head", "head")),
@@ -232,12 +236,18 @@ def test_synthetic_graphs_are_seeded_and_ofasys_like():
 
 def test_mosaic_fits_a_model_whose_modules_cannot_all_share_every_gpu():
     """Seed 8's LLM needs 80 GiB on each of 32 GPUs: all modules on all GPUs (megatron, and
-    mosaic's unconstrained optimum) overflow; per-stage memory caps find a plan that fits."""
+    mosaic's unconstrained optimum) overflow; per-stage memory caps find a plan that fits,
+    faster than megatron's, which fits only with the LLM's states sharded."""
     graph = synthetic_graph(20, 8, num_gpus=32)
     cluster = make_cluster(32)
     perf = AnalyticModel(cluster)
-    with pytest.raises(PlanError, match="GiB more than"):
-        PLANNERS["megatron"](graph, cluster, perf)
+    megatron = PLANNERS["megatron"](graph, cluster, perf)
+    assert [p.module for s in megatron.stages for p in s.placements if p.shard] == ["llm"]
+    whole = Plan.from_dict({**megatron.to_dict(), "stages": [
+        {**s, "placements": [{**p, "shard": False} for p in s["placements"]]}
+        for s in megatron.to_dict()["stages"]]})
+    with pytest.raises(PlanError, match="GiB"):
+        whole.validate(graph, cluster)
     plan = plan_mosaic(graph, cluster, perf)
     check_plan(plan, graph, cluster, perf)
     assert plan.meta["chosen_from"].startswith("mosaic-memory-capped")

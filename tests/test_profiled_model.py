@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from mosaic.graph import MMGraph
 from mosaic.hardware import make_cluster
 from mosaic.perf import make_perf_model
 from mosaic.perf.accuracy import model_error, print_model_error
@@ -188,11 +189,41 @@ def test_shipped_h200_db_predicts_its_own_measurements():
 
     if not has_shipped_db("h200"):
         pytest.skip("no shipped H200 profile")
-    model = ProfiledModel(make_cluster(8, "h200"))
     with ProfileDB.open(default_db_path("h200"), hardware="h200") as db:
-        specs = {m.signature: m.spec for m in db.modules()}
+        modules = db.modules()
         points = db.points()
         assert len(db.colocations()) > 0
-    errors = [abs(model.module_time_s(specs[p.signature], p.per_gpu_batch, p.num_sms / 132)
-                  / p.time_s - 1) for p in points]
+    models = {"eager": ProfiledModel(make_cluster(8, "h200")),
+              "compile-default": ProfiledModel(make_cluster(8, "h200"),
+                                               engine="graphs+compile-default")}
+    kernels = {m.signature: m.kernels for m in modules}
+    specs = {m.signature: m.spec for m in modules}
+    assert set(kernels.values()) == set(models)  # the engine's compiled modules are profiled
+    errors = [abs(models[kernels[p.signature]].module_time_s(
+        specs[p.signature], p.per_gpu_batch, p.num_sms / 132) / p.time_s - 1) for p in points]
     assert np.median(errors) < 0.03 and max(errors) < 0.25
+
+
+def test_the_engine_kind_picks_its_kernels_surfaces_and_says_where_it_falls_back(tmp_path):
+    """Compiled surfaces for one module: a compiled engine predicts it from them, the other
+    from its eager surface (a coverage note says so), and the eager engine ignores them."""
+    specs = _specs()[:2]
+    db = ProfileDB.create(tmp_path / "k.sqlite", hardware="h200", num_sms=132)
+    for kernels, scale, which in (("eager", 1.0, specs), ("compile-default", 0.5, specs[:1])):
+        for s in which:
+            sig = db.add_module("toy", "tiny", s, kernels)
+            db.add_points([ModulePoint(signature=sig, per_gpu_batch=b, num_sms=k,
+                                       time_s=scale * 1e-3 * b * 132 / k)
+                           for b in BATCHES for k in SMS])
+    db.close()
+    eager = ProfiledModel(CLUSTER, tmp_path / "k.sqlite")
+    compiled = ProfiledModel(CLUSTER, tmp_path / "k.sqlite", engine="graphs+compile-default")
+    for s, ratio in ((specs[0], 0.5), (specs[1], 1.0)):
+        assert compiled.module_time_s(s, 8, 1.0) == pytest.approx(
+            ratio * eager.module_time_s(s, 8, 1.0), rel=0.05)
+    graph = MMGraph(name="toy", modules=tuple(specs), edges=(), global_batch=4 * max(BATCHES))
+    plan = Plan(model="toy", planner="hand", num_gpus=1, stages=(Stage(placements=tuple(
+        Placement(module=s.name, gpus=(0,)) for s in specs)),))
+    notes = compiled.coverage_notes(plan, graph)
+    assert any(f"{specs[1].name}: no compile-default surface" in n for n in notes)
+    assert sum("outside the measured" in n for n in notes) == 2

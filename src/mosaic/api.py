@@ -71,8 +71,10 @@ def train(graph: MMGraph, modules: Mapping[str, nn.Module], plan: Plan | str,
     `data` is a callable (step, batch_size) -> {module name: tensor or tuple of tensors}, or an
     iterable (a DataLoader) of such dicts; each gives the GLOBAL batch (graph.global_batch on
     axis 0) and every rank must see the same one: the engine slices each rank's share per
-    placement. Under torchrun every rank calls `train` with the same arguments. Returns the
-    trainer's TrainResult (per-step metrics, summary, plan, this rank's modules).
+    placement. Or a `mosaic.data.RowSource` such as `mosaic.data.ShardedDataset(dataset)`:
+    each rank then loads only the rows it processes (docs/own-model.md, "Data"). Under
+    torchrun every rank calls `train` with the same arguments. Returns the trainer's
+    TrainResult (per-step metrics, summary, plan, this rank's modules).
     """
     from mosaic.engine.session import EngineConfig
     from mosaic.engine.trainer import TrainConfig

@@ -106,12 +106,20 @@ class AutotuneResult:
 def plan_key(plan: Plan) -> tuple:
     """The placement structure: equal keys run identically, whatever planner made them."""
     return (plan.micro_batches, tuple(
-        (s.sharing, tuple(sorted((p.module, tuple(p.gpus), round(p.sm_share, 4), p.priority)
-                                 for p in s.placements))) for s in plan.stages))
+        (s.sharing, tuple(sorted((p.module, tuple(p.gpus), round(p.sm_share, 4), p.priority, p.shard,
+                                  p.tensor_parallel) for p in s.placements))) for s in plan.stages))
 
 
 def _run_planner(name: str, graph: MMGraph, cluster: ClusterSpec, perf: PerfModel) -> Plan | None:
-    """The planner's plan, or None where it has none here (too costly, or no plan fits)."""
+    """The planner's plan, or None where it has none here (too costly, no plan fits, or the
+    plan is tensor-parallel, which measure_plans does not run yet)."""
+    plan = _planned(name, graph, cluster, perf)
+    if plan is None or any(p.tensor_parallel > 1 for s in plan.stages for p in s.placements):
+        return None
+    return plan
+
+
+def _planned(name: str, graph: MMGraph, cluster: ClusterSpec, perf: PerfModel) -> Plan | None:
     from mosaic.planners import get_planner
     from mosaic.planners.exhaustive import ExhaustiveConfig, plan_exhaustive
     from mosaic.planners.gahc import GAHCConfig, plan_gahc
@@ -186,10 +194,9 @@ def autotune(model: Any, preset: str, graph: MMGraph, cluster: ClusterSpec, perf
         measured, _ = measure_plans(model, preset, graph, plans, cluster.gpu,
                                     _bench_config(config))
     finally:
-        if d.owns_group:
-            import torch.distributed as dist
+        from mosaic.engine.session import end_distributed
 
-            dist.destroy_process_group()
+        end_distributed(d)
     records = _records(measured, shared["aliases"])
     result = _choose(records, plans, time.perf_counter() - start)
     if db is not None and d.rank == 0:

@@ -8,6 +8,7 @@ run while the command line is parsed.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import json
 import os
@@ -19,10 +20,12 @@ from typing import Annotated
 
 import typer
 
+from mosaic.data import DATASETS
 from mosaic.errors import MosaicError
 from mosaic.files import check_out_dir, check_out_file
 from mosaic.hardware import GPUS, GPUS_PER_NODE, MAX_GPUS
 from mosaic.perf import PERF_MODELS
+from mosaic.profile.db import KERNELS
 from mosaic.zoo import MODEL_NAMES, PRESETS
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -46,6 +49,8 @@ class OptionError(MosaicError):
 PresetName = StrEnum("PresetName", {name: name for name in PRESETS})
 HardwareName = StrEnum("HardwareName", {name: name for name in GPUS})
 PerfModelName = StrEnum("PerfModelName", {name: name for name in PERF_MODELS})
+DataName = StrEnum("DataName", {name: name for name in DATASETS})
+KernelsName = StrEnum("KernelsName", {name: name for name in KERNELS})
 
 
 def _check_resume(value: str | None) -> bool | str:
@@ -120,6 +125,16 @@ def _sm_steps(value: str) -> list[float | None]:
 def _check_sm_steps(value: str) -> str:
     _sm_steps(value)
     return value
+
+
+def _check_tensorboard(value: Path | None) -> Path | None:
+    """Refuse --tensorboard now, not after set-up, when the package that writes it is absent."""
+    import importlib.util
+
+    if value is not None and importlib.util.find_spec("tensorboard") is None:
+        raise OptionError(f"--tensorboard {value} needs the tensorboard package: "
+                          "pip install tensorboard, or drop --tensorboard")
+    return _out_dir(value)
 
 
 def _out_dir(value: Path | None) -> Path | None:
@@ -267,10 +282,22 @@ def _emit_plans(plans, graph, perf, out: Path, hardware: str, as_json: bool) -> 
 
     files = write_plan_artifacts(plans, graph, perf, out)
     summary = plans_summary(plans, graph, perf, files, hardware=hardware)
+    summary["coverage"] = _coverage(plans, graph, perf)
     if as_json:
         typer.echo(json.dumps(summary, indent=2))
-    else:
-        print_plan_table(summary)
+        return
+    print_plan_table(summary)
+    for note in summary["coverage"]:
+        typer.echo(f"note: {note}")
+
+
+def _coverage(plans, graph, perf) -> list[str]:
+    """Where the predictions leave the profile's measurements (batches outside the measured
+    range, modules without a surface of the engine's kernels): said, not silently guessed."""
+    notes = getattr(perf, "coverage_notes", None)
+    if notes is None:
+        return []
+    return sorted({n for p in plans for n in notes(p, graph)})
 
 
 @app.command()
@@ -373,6 +400,9 @@ def train(
     graphs: Annotated[bool, typer.Option(help="per-module CUDA graphs (GPU)")] = False,
     lr: Annotated[float, typer.Option(help="AdamW learning rate")] = 1e-4,
     seed: Annotated[int, typer.Option(help="seed of weights and synthetic data")] = 0,
+    data: Annotated[DataName, typer.Option(help="synthetic inputs, or digits: scikit-learn's "
+                                           "handwritten digits, captioned (clip; prints the "
+                                           "zero-shot accuracy)")] = DataName.synthetic,
     hardware: Annotated[HardwareName, typer.Option(help="GPU kind (for planning)",
                                                    case_sensitive=False)] = HardwareName.h200,
     perf_model: Annotated[PerfModelName, typer.Option("--perf-model", help="auto: profiled where a "
@@ -398,6 +428,10 @@ def train(
                                              "summary, timeline (docs/quickstart.md)",
                                              callback=_out_dir)] = None,
     overwrite: Annotated[bool, typer.Option(help="allow --out to name a non-empty folder")] = False,
+    tensorboard: Annotated[Path | None, typer.Option(help="also write loss and step time as "
+                                                     "TensorBoard scalars here (needs the "
+                                                     "tensorboard package)",
+                                                     callback=_check_tensorboard)] = None,
     config: Annotated[Path | None, typer.Option("--config", help="job file (TOML, or YAML): "
                                                 "see mosaic.job_config")] = None,
     set_: Annotated[list[str] | None, typer.Option("--set", help="override a job field: "
@@ -417,14 +451,15 @@ def train(
     if autotune and plan_file is not None:
         raise OptionError("--autotune picks the plan by measurement, --plan gives one; pass one "
                           "of them")
-    import torch
 
     from mosaic.api import plan_on_rank0
+    from mosaic.data import check_dataset
     from mosaic.engine.checkpoint import CheckpointConfig
-    from mosaic.engine.session import EngineConfig, start_distributed
+    from mosaic.engine.session import EngineConfig, end_distributed, start_distributed
     from mosaic.engine.trainer import train_from_cli
     from mosaic.zoo import get_model
 
+    check_dataset(get_model(model), str(data), str(preset))  # before planning and set-up
     d = start_distributed(None, timeout_s)  # planning on rank 0 needs the world to broadcast to
     try:
         plan_obj = None
@@ -449,10 +484,10 @@ def train(
                                 str(metrics) if metrics else None, plan=plan_obj, engine=engine,
                                 lr=lr, seed=seed, global_batch=batch, hardware=hardware,
                                 checkpoint=ckpt, resume=resume, timeout_s=timeout_s,
-                                skip_nonfinite=skip_nonfinite)
+                                skip_nonfinite=skip_nonfinite, data=str(data),
+                                tensorboard_dir=str(tensorboard) if tensorboard else None)
     finally:
-        if d.owns_group:
-            torch.distributed.destroy_process_group()
+        end_distributed(d)
     if int(os.environ.get("RANK", "0")) != 0:
         return
     summary = result.summary
@@ -466,6 +501,16 @@ def train(
         f"(p90 {summary['step_time_p90_s'] * 1e3:.1f}), {summary['samples_per_s']:.1f} samples/s, "
         f"SM quotas: {_quota_state(result.plan, summary['pool'])}"
     )
+    if data != DataName.synthetic:
+        typer.echo(_eval_line(summary.get("eval"), result.plan.num_gpus))
+
+
+def _eval_line(evaluation: dict | None, num_gpus: int) -> str:
+    if evaluation is None:  # no rank held every module (mosaic.engine.trainer._evaluate)
+        return (f"zero-shot accuracy: not measured (the plan spreads the modules over "
+                f"{num_gpus} GPUs; train on one GPU, or with --planner megatron, to measure it)")
+    return (f"zero-shot accuracy {evaluation['zero_shot_accuracy']:.3f} on "
+            f"{evaluation['test_images']} held-out images (chance {evaluation['chance']:.2f})")
 
 
 def _optional_zoo_model(value: str | None) -> str | None:
@@ -478,7 +523,8 @@ def _with_job(ctx, config: Path | None, overrides: list[str]) -> dict:
 
     field = {param: key for key, (param, _) in FIELDS.items()}
     params = {**ctx.params, "config": None, "set_": None, "ctx": ctx}
-    choices = {"preset": PresetName, "hardware": HardwareName, "perf_model": PerfModelName}
+    choices = {"preset": PresetName, "hardware": HardwareName, "perf_model": PerfModelName,
+               "data": DataName}
     for name, value in load_job(config, overrides).items():
         source = ctx.get_parameter_source(name)  # typer may vendor click: compare by name
         if source is not None and source.name != "DEFAULT":
@@ -555,13 +601,13 @@ def bench(
     elif not _has_cuda():  # refuse now, not after planning and building
         _fail("mosaic bench measures on CUDA GPUs and this machine has none; run it on a GPU "
               "machine, or pass --cpu-smoke to check on CPU that it runs")
-    import torch
 
     from mosaic.engine.comm import share_from_rank0
     from mosaic.engine.measure import BenchConfig, bench_report, measure_plans
-    from mosaic.engine.session import EngineConfig, start_distributed
+    from mosaic.engine.session import EngineConfig, end_distributed, start_distributed
     from mosaic.hardware import make_cluster
     from mosaic.perf import make_perf_model
+    from mosaic.perf.engine_term import engine_kind
     from mosaic.plan import Plan
     from mosaic.planners import plan_all
     from mosaic.report.bench_report import print_bench_table, write_bench_artifacts
@@ -570,7 +616,6 @@ def bench(
     cluster = make_cluster(gpus, hardware)
     zoo_model = get_model(model)
     graph = zoo_model.graph(preset, global_batch=batch)
-    perf = make_perf_model(perf_model, cluster, preset=preset)
     names = [n.strip() for n in planners.split(",") if n.strip()]
     users = tuple(n.strip() for n in user_programs.split(",") if n.strip() not in ("", "none"))
     config = BenchConfig(rounds=rounds, steps_per_round=steps_per_round, warmup_steps=warmup,
@@ -578,6 +623,9 @@ def bench(
                                              grad_sync=grad_sync, reduce_dtype=reduce_dtype,
                                              accumulation=accumulation),
                          user_programs=users)
+    # Predicted for the engine that will run the plans (its kernels' surfaces, its term).
+    perf = make_perf_model(perf_model, cluster, preset=preset,
+                           engine=engine_kind(dataclasses.asdict(config.engine)))
 
     def make_plans() -> dict:
         if plans_dir is None:
@@ -596,8 +644,7 @@ def bench(
             plans["autotune"] = tuned.plan
         measurements, checks = measure_plans(zoo_model, preset, graph, plans, cluster.gpu, config)
     finally:
-        if d.owns_group:
-            torch.distributed.destroy_process_group()
+        end_distributed(d)
     if d.rank != 0:
         return
     report = bench_report(graph, measurements, cluster.gpu, preset, gpus)
@@ -651,18 +698,34 @@ def profile(
     db: Annotated[Path, typer.Option(help="ProfileDB to write (SQLite; replaced when done)",
                                      callback=_out_file("--db"))] = Path("runs/profile.sqlite"),
     budget_s: Annotated[float, typer.Option("--budget", min=1.0, help="wall-clock seconds for profiling")] = 220.0,
+    kernels: Annotated[KernelsName, typer.Option(
+        help="eager modules, or each module behind Inductor as the engine runs it")] = KernelsName.eager,
+    surfaces_only: Annotated[bool, typer.Option(
+        "--surfaces-only", help="skip the bandwidth signatures and colocations")] = False,
+    update: Annotated[bool, typer.Option(
+        "--update", help="add to the existing --db (keeping its modules, comm curves and "
+        "fits) instead of replacing it")] = False,
 ) -> None:
     """Measure scaling surfaces and colocations on this GPU into a ProfileDB (needs CUDA)."""
+    import shutil
+
     from mosaic.files import atomic_path
     from mosaic.profile.profiler import ProfilerConfig, profile_models
 
+    if update and not db.is_file():
+        _fail(f"--update adds to an existing --db, and {db} does not exist; drop --update to "
+              "create it")
     if not _has_cuda():  # refuse now, before the profiler builds anything
         _fail("mosaic profile measures on a CUDA GPU and this machine has none; run it on the "
               "GPU to profile, or plan here with the shipped profile (--perf-model profiled)")
     db.parent.mkdir(parents=True, exist_ok=True)
+    skip = {"antagonist": False, "max_pairs": 0, "max_triples": 0} if surfaces_only else {}
     with atomic_path(db) as tmp:  # the old DB stays until the new one is complete
+        if update:
+            shutil.copyfile(db, tmp)
         reports = profile_models(models_, str(tmp), ProfilerConfig(
-            hardware=str(hardware), preset=str(preset), budget_s=budget_s))
+            hardware=str(hardware), preset=str(preset), budget_s=budget_s,
+            kernels=str(kernels), **skip), update=update)
     for r in reports:
         typer.echo(f"{r.model}: {r.points} of {r.full_grid} grid points, {r.colocations} "
                    f"colocations, {r.wall_s:.1f} s{'; ' + '; '.join(r.notes) if r.notes else ''}")
@@ -678,6 +741,9 @@ def model_error(
     iterations: Annotated[Path | None, typer.Option(
         "--iterations", help="instead: whole-iteration error of the `mosaic bench` results "
         "JSON under this directory, gated (<=10% each, median <=5%); a report, exit 0")] = None,
+    as_recorded: Annotated[bool, typer.Option(
+        "--as-recorded", help="with --iterations: judge the predictions the results recorded, "
+        "not today's model (--db or the shipped profile) on the same plans")] = False,
     fit_engine_term: Annotated[list[Path] | None, typer.Option(
         "--fit-engine-term", help="instead: refit the per-step engine term on the bench results "
         "JSON under DIR (repeatable) plus --db's recorded iterations, and store it in --db")] = None,
@@ -692,8 +758,9 @@ def model_error(
 
     if iterations is not None:
         from mosaic.perf.accuracy import iteration_error, print_iteration_error
+        from mosaic.perf.repredict import Repredictor
 
-        report = iteration_error(iterations)
+        report = iteration_error(iterations, repredict=None if as_recorded else Repredictor(db))
         if as_json:
             typer.echo(json.dumps(report, indent=2))
         else:
@@ -709,11 +776,12 @@ def model_error(
 def _refit_engine_term(results: list[Path], db: Path | None, as_json: bool) -> None:
     """One engine term per engine kind, stored in --db; its held-out error printed."""
     from mosaic.perf.engine_term import refit
+    from mosaic.perf.repredict import Repredictor
 
     if db is None:  # never the shipped DB by default: a refit replaces what others rely on
         raise OptionError("--fit-engine-term stores the fit in a ProfileDB: pass --db PATH "
                           "(e.g. src/mosaic/profile/data/h200.sqlite)")
-    terms = refit(db, results)
+    terms = refit(db, results, Repredictor(db))
     if as_json:
         typer.echo(json.dumps({k: t.to_fit().params | {"mape": t.mape, "n_points": t.n_points}
                                for k, t in terms.items()}, indent=2))

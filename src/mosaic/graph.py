@@ -54,6 +54,10 @@ class ModuleSpec:
     """Bytes sent to each consumer module per sample (activations forward, grads back)."""
     num_kernels: int = 0
     """Kernel launches in one forward + backward (0: estimated from layers)."""
+    max_tensor_parallel: int = 1
+    """Largest tensor-parallel degree the module has a TP plan for (1: none); any degree that
+    divides it splits its attention heads, KV heads and MLP width evenly (see
+    `mosaic.tensor_parallel`)."""
 
     def __post_init__(self) -> None:
         if not self.name or not self.name.replace("_", "").replace("-", "").isalnum():
@@ -63,6 +67,9 @@ class ModuleSpec:
         for fname in ("num_params", "flops_per_sample", "activation_bytes_per_sample"):
             if getattr(self, fname) < 0:
                 raise GraphError(f"module {self.name!r}: {fname} must be >= 0")
+        if self.max_tensor_parallel < 1:
+            raise GraphError(f"module {self.name!r}: max_tensor_parallel="
+                             f"{self.max_tensor_parallel} must be >= 1 (1: no tensor parallelism)")
 
     @property
     def kernels_per_step(self) -> int:
@@ -189,7 +196,7 @@ class MMGraph:
 _NUMBER_FIELDS = {"num_params": int, "num_layers": int, "hidden_dim": int,
                   "tokens_per_sample": int, "flops_per_sample": float,
                   "activation_bytes_per_sample": float, "output_bytes_per_sample": float,
-                  "num_kernels": int}
+                  "num_kernels": int, "max_tensor_parallel": int}
 _REQUIRED_FIELDS = ("name", "kind", "input_shape", "num_params", "flops_per_sample",
                     "activation_bytes_per_sample", "output_bytes_per_sample")
 

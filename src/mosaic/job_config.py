@@ -4,11 +4,11 @@ A TOML file (tomllib; `.yaml` / `.yml` through pyyaml) of sections mapping onto 
 `mosaic train`:
 
     model = "clip"
-    [train]   steps, lr, seed, batch, preset
+    [train]   steps, lr, seed, batch, preset, data
     [plan]    planner, gpus, file, hardware, perf_model
     [engine]  graphs, compile, grad_sync, reduce_dtype, accumulation
     [checkpoint] dir, every, resume
-    [run]     out, overwrite, metrics
+    [run]     out, overwrite, metrics, tensorboard
 
 `--set section.key=value` overrides one field (the value is read as a TOML literal, else as a
 string). Every field is typed and checked; an error names the field. Options given on the
@@ -37,7 +37,7 @@ class ResumeMode:
 FIELDS: dict[str, tuple[str, type]] = {
     "model": ("model", str),
     "train.steps": ("steps", int), "train.lr": ("lr", float), "train.seed": ("seed", int),
-    "train.batch": ("batch", int), "train.preset": ("preset", str),
+    "train.batch": ("batch", int), "train.preset": ("preset", str), "train.data": ("data", str),
     "plan.planner": ("planner", str), "plan.gpus": ("gpus", int), "plan.file": ("plan_file", Path),
     "plan.hardware": ("hardware", str), "plan.perf_model": ("perf_model", str),
     "engine.graphs": ("graphs", bool), "engine.compile": ("compile_mode", str),
@@ -46,6 +46,7 @@ FIELDS: dict[str, tuple[str, type]] = {
     "checkpoint.dir": ("checkpoint_dir", Path), "checkpoint.every": ("checkpoint_every", int),
     "checkpoint.resume": ("resume", ResumeMode),
     "run.out": ("out", Path), "run.overwrite": ("overwrite", bool), "run.metrics": ("metrics", Path),
+    "run.tensorboard": ("tensorboard", Path),
 }
 
 

@@ -8,6 +8,9 @@ modules placed on the same GPU share it in the stage's sharing mode:
 - `cap`:       overlapping upper bounds: small modules capped, share 1.0 means uncapped.
 - `free`:      concurrent streams with no quota; `priority` 1 marks the critical-path module.
 
+A placement's GPUs hold data-parallel replicas, each on `tensor_parallel` consecutive GPUs of
+one node (tensor parallelism, mosaic.tensor_parallel; 1 GPU per replica by default).
+
 The plan is plain data with a JSON round trip; `validate` is the one gate every plan passes.
 """
 
@@ -23,6 +26,8 @@ from mosaic.errors import MosaicError
 from mosaic.files import write_text_atomic
 from mosaic.graph import MMGraph
 from mosaic.hardware import ClusterSpec
+from mosaic.sharding import saved_bytes, state_bytes
+from mosaic.tensor_parallel import bytes_per_gpu
 
 SHARING_MODES = ("temporal", "partition", "cap", "free")
 PLAN_FORMAT_VERSION = 1
@@ -34,19 +39,45 @@ class PlanError(MosaicError):
     """A plan that cannot run; the message names the field and the fix."""
 
 
+class TensorParallelError(PlanError):
+    """A placement's `tensor_parallel` that cannot run: the degree, its GPUs or the module."""
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Placement:
     module: str
     gpus: tuple[int, ...]
-    """Global GPU ids holding one data-parallel replica each: DP degree = len(gpus)."""
+    """Global GPU ids; each run of `tensor_parallel` of them holds one data-parallel replica:
+    DP degree = len(gpus) // tensor_parallel."""
     sm_share: float = 1.0
     """Fraction of each GPU's SMs: quota (partition), upper bound (cap), 1.0 otherwise."""
     priority: int = 0
     """Stream priority: 1 = high (critical path), 0 = normal."""
+    tensor_parallel: int = 1
+    """GPUs per replica: `gpus` is cut into runs of this many consecutive GPUs (inside one
+    node), each holding one replica sharded across them, all seeing the same samples
+    (mosaic.tensor_parallel). 1: plain data parallelism."""
+    shard: bool = False
+    """Shard the module's weights, gradients and optimizer state over its GPUs (FSDP2,
+    mosaic.sharding) instead of a full copy on each: 1/DP of the states per GPU, at the
+    price of all-gathering the weights (forward and backward) and reduce-scattering the
+    gradients in place of the all-reduce. Needs a DP degree >= 2."""
 
     @property
     def dp_degree(self) -> int:
-        return len(self.gpus)
+        return len(self.gpus) // self.tensor_parallel
+
+    @property
+    def tp_groups(self) -> tuple[tuple[int, ...], ...]:
+        """The GPUs of each replica, in DP order (replica i holds the i-th sample range)."""
+        t = self.tensor_parallel
+        return tuple(self.gpus[i:i + t] for i in range(0, len(self.gpus), t))
+
+    @property
+    def dp_groups(self) -> tuple[tuple[int, ...], ...]:
+        """GPUs holding the same shard, one per replica: their gradients are all-reduced."""
+        t = self.tensor_parallel
+        return tuple(self.gpus[r::t] for r in range(t))
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -116,6 +147,8 @@ class Plan:
                             gpus=tuple(int(g) for g in p["gpus"]),
                             sm_share=float(p.get("sm_share", 1.0)),
                             priority=int(p.get("priority", 0)),
+                            tensor_parallel=int(p.get("tensor_parallel", 1)),
+                            shard=_flag(p.get("shard", False), "shard"),
                         )
                         for p in s["placements"]
                     ),
@@ -243,11 +276,60 @@ def _check_placement(where: str, p: Placement, sharing: str, graph: MMGraph, clu
         raise PlanError(f"{what}: sm_share={p.sm_share} but sharing={sharing!r} takes no quota; use 1.0 or 'cap'")
     if p.priority not in (0, 1):
         raise PlanError(f"{what}: priority={p.priority} must be 0 (normal) or 1 (high)")
+    _check_tensor_parallel(what, p, graph, cluster)
+    _check_shard(what, p)
     if graph.global_batch % p.dp_degree:
         raise PlanError(
             f"{what}: DP degree {p.dp_degree} does not divide global_batch {graph.global_batch}; "
             "use a GPU count that divides the batch"
         )
+
+
+def _check_tensor_parallel(what: str, p: Placement, graph: MMGraph, cluster: ClusterSpec) -> None:
+    t = p.tensor_parallel
+    if t == 1:
+        return
+    if t < 1 or len(p.gpus) % t:
+        raise TensorParallelError(
+            f"{what}: tensor_parallel={t} must be >= 1 and divide its {len(p.gpus)} GPUs "
+            "(DP degree = GPUs / tensor_parallel); use 1 or a divisor of the GPU count")
+    most = graph.module(p.module).max_tensor_parallel
+    if most % t:
+        fix = ("it has no tensor-parallel plan (max_tensor_parallel=1): use tensor_parallel=1, "
+               "or give the module a `tp_plan(tensor_parallel)` method and a "
+               "`max_tensor_parallel` attribute (docs/own-model.md)"
+               if most == 1 else f"its heads and MLP split evenly only by divisors of {most} "
+               "(max_tensor_parallel): use one of those")
+        raise TensorParallelError(f"{what}: tensor_parallel={t} but {fix}")
+    for group in p.tp_groups:
+        if cluster.spans_nodes(group):
+            raise TensorParallelError(
+                f"{what}: tensor_parallel group {list(group)} spans nodes "
+                f"{sorted(cluster.nodes_of(group))} ({cluster.gpus_per_node} GPUs per node); "
+                "TP all-reduces run every layer and need NVLink: list gpus so that each run of "
+                f"{t} is inside one node, or lower tensor_parallel")
+
+
+def _check_shard(what: str, p: Placement) -> None:
+    """Sharding over one GPU saves nothing (the GPU holds every shard) but FSDP's overhead, so
+    a plan asking for it expects memory it would not get: refused rather than ignored."""
+    if not p.shard:
+        return
+    if p.tensor_parallel != 1:
+        raise PlanError(f"{what}: shard=true with tensor_parallel={p.tensor_parallel}: sharded "
+                        "states and tensor parallelism together are not supported; set one of "
+                        "them off (shard=false or tensor_parallel=1)")
+    if p.dp_degree < 2:
+        raise PlanError(f"{what}: shard=true needs a DP degree >= 2 (it has {p.dp_degree}): "
+                        "its states are split over its GPUs; give it more GPUs or set shard "
+                        "to false")
+
+
+def _flag(value: Any, name: str) -> bool:
+    """A JSON boolean, strictly: bool("false") would be True."""
+    if not isinstance(value, bool):
+        raise PlanError(f"{name}={value!r} must be true or false")
+    return value
 
 
 def _check_dag_order(plan: Plan, graph: MMGraph) -> None:
@@ -260,7 +342,9 @@ def _check_dag_order(plan: Plan, graph: MMGraph) -> None:
 
 
 def gpu_memory_bytes(plan: Plan, graph: MMGraph) -> dict[int, float]:
-    """Peak bytes per GPU: every placed module's weights + optimizer state + activations.
+    """Peak bytes per GPU: every placed module's weights + optimizer state + activations
+    (a TP shard's share of them: mosaic.tensor_parallel.bytes_per_gpu; a sharded placement's
+    states: mosaic.sharding.state_bytes, 1/DP of them plus the whole units FSDP gathers).
 
     Activations of all stages are live at once (all forwards run before the backwards).
     """
@@ -268,9 +352,11 @@ def gpu_memory_bytes(plan: Plan, graph: MMGraph) -> dict[int, float]:
     for stage in plan.stages:
         for p in stage.placements:
             m = graph.module(p.module)
-            per_gpu_batch = graph.global_batch // p.dp_degree
+            need = bytes_per_gpu(m, graph.global_batch // p.dp_degree, p.tensor_parallel)
+            if p.shard:  # sharded states in place of the full copy (mosaic.sharding)
+                need += state_bytes(m, p.dp_degree, shard=True) - m.static_bytes
             for g in p.gpus:
-                used[g] += m.static_bytes + m.activation_bytes_per_sample * per_gpu_batch
+                used[g] += need
     return dict(used)
 
 
@@ -280,6 +366,26 @@ def _check_memory(plan: Plan, graph: MMGraph, cluster: ClusterSpec) -> None:
         if used > budget:
             raise PlanError(
                 f"GPU {g} needs {used / 2**30:.1f} GiB (weights, optimizer state, activations) but "
-                f"{budget / 2**30:.1f} GiB is usable on {cluster.gpu.name}; spread the modules "
-                "over more GPUs or lower the batch"
+                f"{budget / 2**30:.1f} GiB is usable on {cluster.gpu.name}; "
+                f"{memory_fix(plan, graph, g, used - budget)}"
             )
+
+
+def memory_fix(plan: Plan, graph: MMGraph, gpu: int, excess: float) -> str:
+    """How to free `excess` bytes on `gpu`: shard the states of its unsharded data-parallel
+    modules, largest saving first, when that is enough; else spread or shrink."""
+    savings = sorted(((saved_bytes(graph.module(p.module), p.dp_degree), p.module)
+                      for s in plan.stages for p in s.placements
+                      if gpu in p.gpus and not p.shard and p.tensor_parallel == 1), reverse=True)
+    chosen, saved = [], 0.0
+    for amount, module in savings:
+        if amount <= 0 or saved >= excess:
+            break
+        chosen.append(module)
+        saved += amount
+    if chosen and saved >= excess:
+        names = ", ".join(repr(m) for m in chosen)
+        return (f"shard the states of module {names} (\"shard\": true on its placement saves "
+                f"{saved / 2**30:.1f} GiB on GPU {gpu}), spread the modules over more GPUs or "
+                "lower the batch")
+    return "spread the modules over more GPUs or lower the batch"

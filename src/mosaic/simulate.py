@@ -9,7 +9,10 @@ result is a timeline (Chrome trace), per-GPU busy time and the iteration time:
   end is `colocated_time_s` (interference as the model defines it); a module of a concurrent
   group ends at min(group, alone on its share), a partition's at the group's end, exactly
   as `report.timeline` draws them.
-- gradient all-reduce: one event per module on the comm stream of each GPU of its DP group.
+- tensor parallelism: a TP shard's event lasts `PerfModel.work_time_s` (1/t of the replica's
+  compute plus the TP all-reduces, inside the compute event as they block the stream).
+- gradient all-reduce: one event per module on the comm stream of each GPU of its DP group
+  (with TP: of each shard's group, all at once).
   With `overlap=False` (the model's composition) it starts at the stage barrier, when the
   slowest GPU of the stage is done; stage time = slowest compute + slowest all-reduce. With
   `overlap=True` a group's all-reduce starts when its own GPUs are done, overlapping slower
@@ -30,7 +33,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from mosaic.graph import MMGraph
-from mosaic.perf.base import GRAD_BYTES_PER_PARAM, PerfModel, Work
+from mosaic.perf.base import PerfModel, Work
 from mosaic.plan import Plan
 from mosaic.report.timeline import TimelineEvent
 
@@ -79,7 +82,8 @@ class _Sim:
 
     def group_s(self, works: Sequence[Work], sharing: str) -> float:
         # Many GPUs of a large cluster hold the same works: one model call per distinct group.
-        key = (sharing, tuple((w.module.name, w.per_gpu_batch, w.sm_share, w.priority) for w in works))
+        key = (sharing, tuple((w.module.name, w.per_gpu_batch, w.sm_share, w.priority,
+                               w.tensor_parallel) for w in works))
         if key not in self._group_cache:
             self._group_cache[key] = self.perf.colocated_time_s(works, sharing)
         return self._group_cache[key]
@@ -90,7 +94,7 @@ class _Sim:
         if sharing == "temporal" or len(works) == 1:
             start = t0
             for w in works:
-                end = start + perf.module_time_s(w.module, w.per_gpu_batch, 1.0)
+                end = start + perf.work_time_s(w, 1.0)
                 self.emit(w.module.name, stage, gpu, start, end, 1.0, COMPUTE)
                 start = end
             return start
@@ -98,7 +102,7 @@ class _Sim:
         lane = 0.0
         for w in works:
             share = w.sm_share if sharing in ("partition", "cap") else 1.0 / len(works)
-            alone = perf.module_time_s(w.module, w.per_gpu_batch, 1.0 if sharing == "free" else w.sm_share)
+            alone = perf.work_time_s(w, 1.0 if sharing == "free" else w.sm_share)
             duration = group if sharing == "partition" else min(group, alone)
             self.emit(w.module.name, stage, gpu, t0, t0 + duration, share, COMPUTE, lane)
             lane = min(1.0, lane + share)
@@ -112,12 +116,12 @@ class _Sim:
         barrier = max(done.values())
         end = barrier
         for p in stage.placements:
-            num_bytes = graph.module(p.module).num_params * GRAD_BYTES_PER_PARAM
-            ar = self.perf.allreduce_s(num_bytes, p.gpus)
+            ar = self.perf.placement_allreduce_s(graph.module(p.module), p)
             start = max(done[g] for g in p.gpus) if overlap else barrier
             if ar > 0:
                 for g in p.gpus:
-                    self.emit(f"{p.module} allreduce", index, g, start, start + ar, 1.0, "allreduce")
+                    what = "all-gather + reduce-scatter" if p.shard else "allreduce"
+                    self.emit(f"{p.module} {what}", index, g, start, start + ar, 1.0, "allreduce")
             end = max(end, start + ar)
         return end
 
@@ -131,10 +135,12 @@ class _Sim:
                 continue
             a, b = self.plan.placement(src), self.plan.placement(dst)
             num_bytes = self.graph.module(src).output_bytes_per_sample * self.graph.global_batch
-            one = self.perf.transfer_s(num_bytes, a.gpus, b.gpus)
-            if one <= 0:
-                continue
-            for what in ("activations", "gradients"):
+            # As PerfModel.edge_transfer_s: every GPU of a TP end gets its replica's share.
+            moves = (("activations", self.perf.transfer_s(num_bytes * b.tensor_parallel, a.gpus, b.gpus)),
+                     ("gradients", self.perf.transfer_s(num_bytes * a.tensor_parallel, a.gpus, b.gpus)))
+            for what, one in moves:
+                if one <= 0:
+                    continue
                 for g in sorted({*a.gpus, *b.gpus}):
                     self.emit(f"{src}->{dst} {what}", index, g, t, t + one, 1.0, "transfer")
                 t += one
@@ -144,11 +150,12 @@ class _Sim:
         per_param = self.perf.optimizer_bytes_per_param
         if per_param <= 0:
             return t0
-        params: dict[int, int] = {}
+        params: dict[int, float] = {}
         for stage in self.plan.stages:
             for p in stage.placements:
                 for g in p.gpus:
-                    params[g] = params.get(g, 0) + self.graph.module(p.module).num_params
+                    share = p.tensor_parallel * (p.dp_degree if p.shard else 1)  # as optimizer_s
+                    params[g] = params.get(g, 0) + self.graph.module(p.module).num_params / share
         end = t0
         for g, n in sorted(params.items()):
             step = n * per_param / self.perf.cluster.gpu.mem_bandwidth_bps

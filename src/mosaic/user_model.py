@@ -16,11 +16,14 @@ one forward + backward on fake tensors at `COUNT_BATCH` samples under FlopCounte
 activations at bf16, non-view aten ops as kernels); the user's weights are neither copied
 nor touched (the counting copy shares nothing: its parameters are meta, then fake, tensors).
 
-Data: every rank is handed the GLOBAL batch of each step and the engine slices, per
-placement, the samples that rank's share of each module processes (axis 0 of every tensor).
-So a data source must give the same global batch on every rank: a callable of (step,
-batch_size) that depends on nothing else does; an iterable (a DataLoader) must be seeded alike
-on every rank. Each rank reads and discards the samples outside its share.
+Data, in one of three forms (`DataSource`):
+* a callable (step, batch_size) -> {module: tensor or tuple}, or an iterable (a DataLoader)
+  of such dicts: the GLOBAL batch of each step, made on every rank, which keeps the rows its
+  share of each module processes (axis 0 of every tensor). So every rank must see the same
+  batch: a callable that depends only on the step does; an iterable must be seeded alike on
+  every rank. It is made once per step, whatever the gradient accumulation.
+* a `mosaic.data.RowSource` (e.g. `mosaic.data.ShardedDataset(dataset)`): asked for the rows
+  of each module that this rank processes only; see `mosaic.data` for its contract.
 """
 
 from __future__ import annotations
@@ -33,11 +36,12 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from mosaic.data import RowSource, slice_rows
 from mosaic.graph import MODULE_KINDS, GraphError, MMGraph, ModuleSpec
 
 DataFn = Callable[[int, int], Mapping[str, Any]]
 """(step, batch_size) -> {module name: tensor or tuple of tensors}, batch on axis 0."""
-DataSource = DataFn | Iterable[Mapping[str, Any]]
+DataSource = DataFn | Iterable[Mapping[str, Any]] | RowSource
 
 _STEP_SEED = 1_000_003
 """The trainer seeds step `s` of seed `k` as k * _STEP_SEED + s (engine.session.make_batch)."""
@@ -113,6 +117,7 @@ def graph_from_modules(
             activation_bytes_per_sample=cost.activation_bytes_per_sample,
             output_bytes_per_sample=cost.output_bytes_per_sample,
             num_kernels=cost.num_kernels,
+            max_tensor_parallel=_max_tensor_parallel(n, modules[n]),
         ))
     return MMGraph(name=name, modules=tuple(specs), edges=tuple(tuple(e) for e in edges),
                    global_batch=global_batch, preset="custom",
@@ -159,6 +164,19 @@ def _meta_copy(module: nn.Module) -> nn.Module:
     return copy.deepcopy(module, memo)
 
 
+def _max_tensor_parallel(name: str, module: nn.Module) -> int:
+    """A module's own TP degrees: its `max_tensor_parallel` attribute, which needs its
+    `tp_plan(tensor_parallel)` method (mosaic.engine.tensor_parallel; docs/own-model.md)."""
+    most = getattr(module, "max_tensor_parallel", 1)
+    if isinstance(most, bool) or not isinstance(most, int) or most < 1:
+        raise UserModelError(f"module {name!r}: max_tensor_parallel={most!r} must be an int >= 1")
+    if most > 1 and not callable(getattr(module, "tp_plan", None)):
+        raise UserModelError(f"module {name!r} sets max_tensor_parallel={most} but has no "
+                             "tp_plan(tensor_parallel) method returning its parallelize_module "
+                             "plan; add one (docs/own-model.md) or drop the attribute")
+    return most
+
+
 def _guess_layers(module: nn.Module) -> int:
     lists = [len(m) for m in module.modules() if isinstance(m, nn.ModuleList)]
     return max(lists, default=1) or 1
@@ -203,9 +221,10 @@ class UserModel:
         if missing or extra:
             raise UserModelError(f"modules {list(modules)} do not match graph {graph.name!r} "
                                  f"modules {graph.names} (missing {missing}, extra {extra})")
-        if not callable(data) and not isinstance(data, Iterable):
-            raise UserModelError(f"data: give a callable (step, batch_size) -> dict or an "
-                                 f"iterable of dicts; got {type(data).__name__}")
+        if not (callable(data) or isinstance(data, Iterable | RowSource)):
+            raise UserModelError(f"data: give a callable (step, batch_size) -> dict, an "
+                                 f"iterable of dicts or a mosaic.data.RowSource; got "
+                                 f"{type(data).__name__}")
         self.name = graph.name
         self._graph = graph
         self._modules = dict(modules)
@@ -213,6 +232,8 @@ class UserModel:
         self._seed = seed
         self._iterator: Iterator[Mapping[str, Any]] | None = None
         self._calls = 0
+        self._global: tuple[int, dict[str, tuple[Tensor, ...]]] | None = None
+        """The last step's global batch (data of the global-batch forms), for its micro-steps."""
 
     def graph(self, preset: str = "custom", global_batch: int | None = None) -> MMGraph:
         del preset
@@ -228,13 +249,33 @@ class UserModel:
         return {n: self._modules[n].to(device=device, dtype=dtype or torch.float32).train()
                 for n in self._graph.names if n in wanted}
 
+    def make_rows(self, preset: str, ranges: Mapping[str, tuple[int, int]] | None, *,
+                  step: int, seed: int, global_batch: int) -> dict[str, tuple[Tensor, ...]]:
+        """Rows [start, stop) of each module's inputs in step `step` (None: all), on the host:
+        a RowSource loads only those; the other forms make the global batch once per step."""
+        del seed  # the user's data is seeded by the user
+        if ranges is None:
+            ranges = {n: (0, global_batch) for n in self._graph.names}
+        if isinstance(self._data, RowSource):
+            raw = self._data.rows(step, ranges, global_batch)
+            return self._check_batch(raw, step, "cpu", None, ranges, global_batch)
+        if self._global is None or self._global[0] != step:
+            self._global = (step, self._global_batch(step, global_batch, "cpu", None))
+        return slice_rows(self._global[1], ranges)
+
     def make_inputs(self, preset: str, batch_size: int, generator: torch.Generator,
                     device: Any = "cpu", dtype: torch.dtype | None = None
                     ) -> dict[str, tuple[Tensor, ...]]:
         """One global batch: the data function's for this step, or the iterable's next."""
         del preset
-        step = self._step(generator)
-        if callable(self._data) and not isinstance(self._data, Iterable):
+        return self._global_batch(self._step(generator), batch_size, device, dtype)
+
+    def _global_batch(self, step: int, batch_size: int, device: Any,
+                      dtype: torch.dtype | None) -> dict[str, tuple[Tensor, ...]]:
+        if isinstance(self._data, RowSource):
+            raw = self._data.rows(step, dict.fromkeys(self._graph.names, (0, batch_size)),
+                                  batch_size)
+        elif callable(self._data) and not isinstance(self._data, Iterable):
             raw = self._data(step, batch_size)
         else:
             if self._iterator is None:
@@ -244,7 +285,8 @@ class UserModel:
             except StopIteration:
                 raise UserModelError(f"data ran out at step {step}; give an iterable with at "
                                      "least `steps` batches (or a callable)") from None
-        return self._check_batch(raw, batch_size, step, device, dtype)
+        full = dict.fromkeys(self._graph.names, (0, batch_size))
+        return self._check_batch(raw, step, device, dtype, full, batch_size)
 
     def _step(self, generator: torch.Generator) -> int:
         step = generator.initial_seed() - self._seed * _STEP_SEED
@@ -253,8 +295,11 @@ class UserModel:
         self._calls += 1
         return step
 
-    def _check_batch(self, raw: Mapping[str, Any], batch_size: int, step: int, device: Any,
-                     dtype: torch.dtype | None) -> dict[str, tuple[Tensor, ...]]:
+    def _check_batch(self, raw: Mapping[str, Any], step: int, device: Any,
+                     dtype: torch.dtype | None, ranges: Mapping[str, tuple[int, int]],
+                     global_batch: int) -> dict[str, tuple[Tensor, ...]]:
+        """`raw` as {module: tuple of tensors} for the modules of `ranges`, each tensor with
+        stop - start rows (the global batch, or this rank's share of a RowSource's)."""
         if not isinstance(raw, Mapping):
             raise UserModelError(f"data at step {step} is a {type(raw).__name__}; give a dict "
                                  f"keyed by module name ({self._graph.names})")
@@ -263,13 +308,15 @@ class UserModel:
             raise UserModelError(f"data at step {step} names unknown module(s) "
                                  f"{sorted(unknown)}; modules: {self._graph.names}")
         out: dict[str, tuple[Tensor, ...]] = {}
-        for n in self._graph.names:
+        for n, (start, stop) in ranges.items():
             ts = _as_tuple(raw.get(n, ()), f"data at step {step}, [{n!r}]")
             for i, t in enumerate(ts):
-                if t.ndim == 0 or t.shape[0] != batch_size:
+                if t.ndim == 0 or t.shape[0] != stop - start:
+                    need = ("" if (start, stop) == (0, global_batch) else
+                            f"{stop - start} rows, samples [{start}, {stop}) of ")
                     raise UserModelError(
-                        f"data at step {step}, [{n!r}][{i}] has shape {tuple(t.shape)}; every "
-                        f"rank needs the global batch ({batch_size}) on axis 0")
+                        f"data at step {step}, [{n!r}][{i}] has shape {tuple(t.shape)}; it "
+                        f"must hold {need}the global batch ({global_batch}) on axis 0")
             cast = [dtype is not None and t.is_floating_point() for t in ts]
             out[n] = tuple(t.to(device=device, dtype=dtype if c else t.dtype)
                            for t, c in zip(ts, cast, strict=True))

@@ -8,6 +8,13 @@ batched point-to-point ops, or sliced locally when both ends are the same rank. 
 for any pair of DP degrees (2 -> 3 works as well as 4 -> 2). Gradients travel the same pieces
 backwards and are summed into the producer's output gradient.
 
+Tensor parallelism. A placement with tensor_parallel t has d = len(gpus) / t replicas, each on
+t consecutive GPUs that all hold the replica's samples. Forward, every GPU of a TP consumer
+receives its replica's samples (GPU q of a group from GPU q mod t' of a TP producer's group,
+whose replicas are identical); backward, every GPU of a TP producer needs its samples'
+gradient, taken from one GPU of the consumer's group (the others hold the same one). So a
+route has forward `pieces` and backward `grad_pieces`; without TP they are the same pieces.
+
 Ordering. Every rank walks the same global sequence of communication phases (stage by stage,
 edge by edge, module by module, in plan order) and joins only those it takes part in, so
 two ranks always meet their shared phases in the same order: no deadlock, with gloo or NCCL.
@@ -23,6 +30,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from mosaic.engine.tensor_parallel import local_tensor
 from mosaic.errors import MosaicError
 from mosaic.graph import MMGraph
 from mosaic.plan import Plan
@@ -51,24 +59,55 @@ class Piece:
     stop: int
 
 
-def sample_range(global_batch: int, gpus: Sequence[int], rank: int) -> tuple[int, int]:
-    """[start, stop) of the global batch that `rank` holds in a placement on `gpus`."""
-    per_rank = global_batch // len(gpus)
-    index = list(gpus).index(rank)
-    return index * per_rank, (index + 1) * per_rank
+def sample_range(global_batch: int, gpus: Sequence[int], rank: int,
+                 tensor_parallel: int = 1) -> tuple[int, int]:
+    """[start, stop) of the global batch that `rank` holds in a placement on `gpus` (every GPU
+    of a TP group holds its replica's range)."""
+    per_replica = global_batch * tensor_parallel // len(gpus)
+    index = list(gpus).index(rank) // tensor_parallel
+    return index * per_replica, (index + 1) * per_replica
 
 
-def pieces(global_batch: int, src_gpus: Sequence[int], dst_gpus: Sequence[int]) -> list[Piece]:
-    """Overlaps of producer and consumer intervals, by consumer rank then sample order."""
-    out = []
-    per_src, per_dst = global_batch // len(src_gpus), global_batch // len(dst_gpus)
-    for j, dst in enumerate(dst_gpus):
-        for i, src in enumerate(src_gpus):
-            start = max(j * per_dst, i * per_src)
-            stop = min((j + 1) * per_dst, (i + 1) * per_src)
-            if start < stop:
-                out.append(Piece(src, dst, start, stop))
+def _replicas(gpus: Sequence[int], tensor_parallel: int) -> list[tuple[int, ...]]:
+    gpus = tuple(gpus)
+    return [gpus[i:i + tensor_parallel] for i in range(0, len(gpus), tensor_parallel)]
+
+
+def _overlap(global_batch: int, i: int, n_src: int, j: int, n_dst: int) -> tuple[int, int]:
+    per_src, per_dst = global_batch // n_src, global_batch // n_dst
+    return max(j * per_dst, i * per_src), min((j + 1) * per_dst, (i + 1) * per_src)
+
+
+def pieces(global_batch: int, src_gpus: Sequence[int], dst_gpus: Sequence[int],
+           src_tp: int = 1, dst_tp: int = 1) -> list[Piece]:
+    """Forward: overlaps of producer and consumer replicas' intervals, for every consumer GPU
+    (GPU q of a consumer group takes from GPU q mod src_tp of the producer's), by consumer
+    rank then sample order."""
+    src, dst, out = _replicas(src_gpus, src_tp), _replicas(dst_gpus, dst_tp), []
+    for j, group in enumerate(dst):
+        for q, rank in enumerate(group):
+            for i, sources in enumerate(src):
+                start, stop = _overlap(global_batch, i, len(src), j, len(dst))
+                if start < stop:
+                    out.append(Piece(sources[q % src_tp], rank, start, stop))
     return out
+
+
+def grad_pieces(global_batch: int, src_gpus: Sequence[int], dst_gpus: Sequence[int],
+                src_tp: int = 1, dst_tp: int = 1) -> list[Piece]:
+    """Backward: what each producer GPU needs of the gradient (GPU p of a producer group from
+    GPU p mod dst_tp of each consumer group), by consumer rank then sample order. Without TP
+    the forward pieces."""
+    if src_tp == dst_tp == 1:
+        return pieces(global_batch, src_gpus, dst_gpus)
+    src, dst, out = _replicas(src_gpus, src_tp), _replicas(dst_gpus, dst_tp), []
+    for i, group in enumerate(src):
+        for p, rank in enumerate(group):
+            for j, consumers in enumerate(dst):
+                start, stop = _overlap(global_batch, i, len(src), j, len(dst))
+                if start < stop:
+                    out.append(Piece(rank, consumers[p % dst_tp], start, stop))
+    return sorted(out, key=lambda piece: (piece.dst, piece.start, piece.src))
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,31 +120,45 @@ class Route:
     dst_gpus: tuple[int, ...]
     global_batch: int
     pieces: tuple[Piece, ...]
+    """Forward: the producer's output to the consumer's GPUs."""
+    grad_pieces: tuple[Piece, ...]
+    """Backward: the consumer's input gradients to the producer's GPUs (see module doc)."""
+    src_tp: int = 1
+    dst_tp: int = 1
 
     @property
     def key(self) -> Key:
         return (self.src, self.dst)
 
     def src_start(self, rank: int) -> int:
-        return sample_range(self.global_batch, self.src_gpus, rank)[0]
+        return sample_range(self.global_batch, self.src_gpus, rank, self.src_tp)[0]
 
     def dst_start(self, rank: int) -> int:
-        return sample_range(self.global_batch, self.dst_gpus, rank)[0]
+        return sample_range(self.global_batch, self.dst_gpus, rank, self.dst_tp)[0]
 
 
 def routes_for(plan: Plan, graph: MMGraph) -> list[Route]:
     """One route per graph edge, in the graph's edge order (the same on every rank)."""
     routes = []
     for src, dst in graph.edges:
-        a, b = plan.placement(src).gpus, plan.placement(dst).gpus
-        routes.append(Route(src, dst, a, b, graph.global_batch,
-                            tuple(pieces(graph.global_batch, a, b))))
+        a, b = plan.placement(src), plan.placement(dst)
+        ends = (graph.global_batch, a.gpus, b.gpus, a.tensor_parallel, b.tensor_parallel)
+        routes.append(Route(src, dst, a.gpus, b.gpus, graph.global_batch, tuple(pieces(*ends)),
+                            tuple(grad_pieces(*ends)), a.tensor_parallel, b.tensor_parallel))
     return routes
 
 
 def gpu_sets(plan: Plan) -> list[tuple[int, ...]]:
-    """Distinct GPU sets of the plan's placements, sorted: the process groups to create."""
-    return sorted({tuple(sorted(p.gpus)) for s in plan.stages for p in s.placements})
+    """Distinct GPU sets of the plan's placements, and of their TP groups and of the GPUs
+    holding the same shard (Placement.tp_groups / dp_groups), sorted: the process groups to
+    create."""
+    sets = set()
+    for stage in plan.stages:
+        for p in stage.placements:
+            sets.add(tuple(sorted(p.gpus)))
+            if p.tensor_parallel > 1:
+                sets.update(tuple(sorted(g)) for g in (*p.tp_groups, *p.dp_groups))
+    return sorted(sets)
 
 
 def check_world_size(plan: Plan, world_size: int) -> None:
@@ -151,6 +204,11 @@ class PlanComm:
     def group(self, gpus: Sequence[int]) -> object | None:
         """The process group of a GPU set; None for a single GPU (nothing to communicate)."""
         return self._groups[tuple(sorted(gpus))]
+
+    def close(self) -> None:
+        """Drop this plan's group handles, so destroying the world frees them (session.py
+        end_distributed); the comm cannot be used afterwards."""
+        self._groups = {}
 
     # --- point to point ------------------------------------------------------------------
     def _exchange(self, sends: list[tuple[torch.Tensor, int]],
@@ -217,7 +275,7 @@ class PlanComm:
         `grads[producer]` (several consumers of one producer sum up)."""
         sends, recvs, arrivals = [], [], []
         for r in routes:
-            for p in r.pieces:
+            for p in r.grad_pieces:
                 if p.dst == self.rank:
                     x = inputs[r.key]
                     g = x.grad if x.grad is not None else torch.zeros_like(x)
@@ -264,7 +322,7 @@ class PlanComm:
             if p.requires_grad:
                 if p.grad is None:  # every replica must send the same buckets
                     p.grad = torch.zeros_like(p)
-                grads.append(p.grad)
+                grads.append(local_tensor(p.grad))  # a TP shard's: over its DP group
         for bucket in _buckets(grads):
             flat = torch.cat([g.reshape(-1) for g in bucket])
             dist.all_reduce(flat, group=group)

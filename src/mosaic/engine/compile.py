@@ -62,6 +62,12 @@ class CompileReport:
         return {"compiled": self.compiled, "eager": self.eager, "compile_s": self.compile_s,
                 "total_compile_s": sum(self.compile_s.values())}
 
+    def mark_eager(self, name: str, why: str) -> None:
+        """A module given a compiled view that the engine runs eagerly after all (a sharded
+        module: runner.py says why)."""
+        if self.compiled.pop(name, None) is not None:
+            self.eager[name] = why
+
 
 def workaround_options(module: nn.Module) -> tuple[dict[str, Any], list[str]]:
     """Inductor options this module needs, and why (empty when it needs none)."""

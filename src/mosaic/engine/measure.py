@@ -39,6 +39,7 @@ from mosaic.engine.session import (
     EngineConfig,
     RankSession,
     build_modules,
+    end_distributed,
     local_modules,
     make_batch,
     make_optimizer,
@@ -58,6 +59,10 @@ GRAD_TOLERANCE_MIN = 1e-3
 GRAD_TOLERANCE_FACTOR = 4.0
 """Tolerance = this x the measured eager-vs-compiled gradient difference (the noise floor)."""
 GRAD_TOLERANCE_MAX = 0.2
+COMPILED_NOISE_FLOOR = 0.03
+"""The eager-vs-compiled gradient difference assumed when no torch-compile program measures it:
+measured 0.027-0.029 on the H200 under bf16 autocast (CLIP and ImageBind small); a plan compared
+with the eager reference without it failed at 0.036 against a tolerance of 0.03."""
 """A module whose gradients are dropped differs by 1.0: never tolerate that much."""
 USER_PROGRAMS = {"torch-eager": None, "torch-compile": "reduce-overhead"}
 """The user's own program, by label: its torch.compile mode (None = eager)."""
@@ -171,6 +176,16 @@ def _setup(model, preset: str, graph: MMGraph, plans: dict[str, Plan], gpu: GPUS
            config: BenchConfig) -> _Setup:
     d = start_distributed(None)
     for label, plan in plans.items():
+        tp = [p.module for s in plan.stages for p in s.placements if p.tensor_parallel > 1]
+        if tp:  # the plans share one set of modules, which TP would shard in place for all
+            raise BenchError(f"plan {label!r} places {tp} with tensor_parallel > 1, which "
+                             "`mosaic bench` does not run yet; train it with `mosaic train "
+                             "--plan`, or bench a plan without tensor parallelism")
+        sharded = [p.module for s in plan.stages for p in s.placements if p.shard]
+        if sharded:  # FSDP2 turns the shared modules' parameters into shards, for every plan
+            raise BenchError(f"plan {label!r} shards the states of {sharded}, which `mosaic "
+                             "bench` does not run (its plans share one set of modules); train "
+                             "it with `mosaic train --plan`, or bench a plan without shard")
         if plan.num_gpus != d.world_size:
             raise BenchError(f"plan {label!r} uses {plan.num_gpus} GPUs but {d.world_size} "
                              f"process(es) run: launch `torchrun --standalone --nproc-per-node "
@@ -287,7 +302,8 @@ def _check_gradients(s: _Setup, names: list[str]) -> tuple[dict[str, dict[str, f
               for label in labels}
     floor = max(errors["torch-compile"].values(), default=0.0) if "torch-compile" in errors \
         else None
-    assumed = 0.0 if s.device.type == "cpu" else LOSS_TOLERANCE / GRAD_TOLERANCE_FACTOR
+    assumed = (0.0 if s.device.type == "cpu" else
+               COMPILED_NOISE_FLOOR if s.engine.compile else LOSS_TOLERANCE / GRAD_TOLERANCE_FACTOR)
     tolerance = min(GRAD_TOLERANCE_MAX, max(GRAD_TOLERANCE_MIN, GRAD_TOLERANCE_FACTOR
                                             * (assumed if floor is None else floor)))
     for label, per_module in errors.items():
@@ -412,8 +428,7 @@ def measure_plans(model, preset: str, graph: MMGraph, plans: dict[str, Plan], gp
         return results, checks
     finally:
         _close(s.contenders)
-        if s.dist.owns_group:
-            dist.destroy_process_group()
+        end_distributed(s.dist)
 
 
 def environment(device_name: str | None = None) -> dict[str, Any]:

@@ -16,6 +16,19 @@ never hand a block to one stream while another still reads it (no record_stream 
 Losses. A per-sample-mean sink (the default) is scaled by local_batch / global_batch so that
 the SUM all-reduce of gradients gives the gradient of the global mean. A head with
 `needs_global_batch = True` (contrastive) sees the whole batch: see `_forward_module`.
+
+Tensor parallelism (engine/tensor_parallel.py). A TP module was sharded by the session before
+the runner was made; every GPU of its TP group runs the replica's samples and the same loss
+(reported once: its share / t), its gradients are summed over the GPUs holding the same shard
+by hand (not DDP), and it runs eagerly, never CUDA-graphed: its forward and backward hold TP
+collectives on the process group, which a replayed graph would have to capture.
+
+Sharded states (engine/fsdp.py). A placement with `shard` is sharded here with FSDP2 on its
+process group, before the optimizer is built (it must see the DTensor shards). FSDP's
+all-gathers and reduce-scatters run in its own forward / backward hooks, so such a module
+gets no DDP and no hand all-reduce, is never CUDA-graphed, and runs its plain module, not the
+compiled view: CompiledModule's first call runs an extra backward (to catch compile failures
+early) that would fire FSDP's gradient hooks on half a step.
 """
 
 from __future__ import annotations
@@ -30,6 +43,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from mosaic.engine.comm import Key, PlanComm, routes_for, sample_range
 from mosaic.engine.ddp import wrap_ddp
+from mosaic.engine.fsdp import shard_module
 from mosaic.engine.timer import Mark, Timer
 from mosaic.errors import MosaicError
 from mosaic.graph import MMGraph
@@ -139,6 +153,13 @@ class PlanRunner:
             if needs and graph.successors(m):
                 raise EngineError(f"module {m!r} needs the global batch but feeds "
                                   f"{graph.successors(m)}; only a sink (the loss) may need it")
+        self.tensor_parallel = {m: plan.placement(m).tensor_parallel for m in self.local}
+        for m, t in self.tensor_parallel.items():
+            if t > 1 and self.global_batch[m]:
+                raise EngineError(f"module {m!r} needs the global batch (contrastive loss) and "
+                                  f"is placed with tensor_parallel={t}; use tensor_parallel=1")
+        self.sharded = self._shard_modules()
+        """Modules whose states FSDP2 shards: see "Sharded states" in the module doc."""
         amp = self.cuda if self.config.amp is None else self.config.amp
         self.micro_batches = plan.micro_batches
         self._check_micro_batches()
@@ -147,7 +168,8 @@ class PlanRunner:
         # objects: make_graphed_callables replaces an nn.Module's forward in place.
         views = views or {}
         self._callables: dict[str, list[Any]] = {
-            m: [_Autocast(views.get(m, self.modules[m]), amp) for _ in range(self.micro_batches)]
+            m: [_Autocast(self.modules[m] if m in self.sharded else views.get(m, self.modules[m]),
+                          amp) for _ in range(self.micro_batches)]
             for m in self.local}
         self._ddp: dict[str, nn.Module] = {}
         self._ddp_pending = self.config.grad_sync == "ddp"
@@ -167,6 +189,23 @@ class PlanRunner:
         """Switchable per step: a benchmark records one step's timeline after timing the rest."""
 
     # --- set-up helpers ------------------------------------------------------------------
+    def _shard_modules(self) -> set[str]:
+        """FSDP2 over the process group of each sharded placement on this rank, before any
+        optimizer sees the parameters (they become DTensor shards)."""
+        sharded = set()
+        self._whole_params: dict[str, list[nn.Parameter]] = {}
+        """Per sharded module, the parameters FSDP leaves whole (scalars): all-reduced by hand."""
+        for m in self.local:
+            placement = self.plan.placement(m)
+            if not placement.shard:
+                continue
+            divide_by = placement.dp_degree if self.global_batch[m] else 1
+            self._whole_params[m] = shard_module(
+                self.modules[m], self.comm.group(placement.gpus), self.device,
+                divide_by=divide_by, reduce_dtype=REDUCE_DTYPES[self.config.reduce_dtype])
+            sharded.add(m)
+        return sharded
+
     def _check_micro_batches(self) -> None:
         if self.micro_batches == 1:
             return
@@ -186,8 +225,8 @@ class PlanRunner:
         for m in self.local:
             placement = self.plan.placement(m)
             group = self.comm.group(placement.gpus)
-            if group is None:
-                continue
+            if group is None or self.tensor_parallel[m] > 1 or m in self.sharded:
+                continue  # DDP takes no DTensor parameters (TP shards, FSDP shards)
             callable_ = self._callables[m][0]
             unused = [n for n, p in callable_.named_parameters() if p.grad is None]
             DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(callable_, unused)
@@ -241,10 +280,25 @@ class PlanRunner:
             out[m] = tuple(t[start:stop].to(self.device, non_blocking=True) for t in batch[m])
         return out
 
+    def sample_ranges(self) -> dict[str, tuple[int, int]]:
+        """[start, stop) of the batch that each local module processes on this rank: the
+        rows a per-rank data source loads (`RankSession.load_local_batch`)."""
+        return {m: self._sample_range(m) for m in self.local}
+
     def _sample_range(self, module: str) -> tuple[int, int]:
         if self.global_batch[module]:
             return 0, self.graph.global_batch
-        return sample_range(self.graph.global_batch, self.plan.placement(module).gpus, self.rank)
+        placement = self.plan.placement(module)
+        return sample_range(self.graph.global_batch, placement.gpus, self.rank,
+                            placement.tensor_parallel)
+
+    def _grad_group(self, module: str) -> tuple[int, ...]:
+        """GPUs this rank sums the module's gradients with: its placement's, or with TP those
+        holding the same shard."""
+        placement = self.plan.placement(module)
+        if placement.tensor_parallel == 1:
+            return placement.gpus
+        return next(g for g in placement.dp_groups if self.rank in g)
 
     # --- one step ------------------------------------------------------------------------
     def step(self, data: dict[str, tuple[torch.Tensor, ...]], *, fraction: float = 1.0,
@@ -331,7 +385,7 @@ class PlanRunner:
             preds = [self.comm.gather_batch(x, placement.gpus) for x in preds]
             st.keep.extend(preds)
         args = (*own, *preds)
-        if self.config.graphs and not self.graphed:
+        if self.config.graphs and not self.graphed and self.tensor_parallel[m] == 1:
             self._record_samples(m, args)
         result = self._ddp.get(m, self._callables[m][st.micro])(*args)
         if self.graph.successors(m):
@@ -350,7 +404,8 @@ class PlanRunner:
         else:
             start, stop = self._sample_range(m)
             st.losses[m] = result * ((stop - start) / self.graph.global_batch * st.fraction)
-            st.shares.append(st.losses[m].detach())
+            # Every GPU of a TP group computes the same loss: report it once over the group.
+            st.shares.append(st.losses[m].detach() / self.tensor_parallel[m])
 
     def _backward_stage(self, t: int, st: _StepState, out: StepOutput, join: bool = True) -> None:
         ready = self._record(self._main)
@@ -375,10 +430,13 @@ class PlanRunner:
                 continue  # DDP reduced them during backward
             placement = self.plan.placement(m)
             divide_by = placement.dp_degree if self.global_batch[m] else 1
-            self.comm.all_reduce_grads(list(self.modules[m].parameters()), placement.gpus,
-                                       divide_by=divide_by)
+            # FSDP reduce-scattered a sharded module's gradients, but for the whole scalars
+            params = self._whole_params[m] if m in self.sharded else self.modules[m].parameters()
+            self.comm.all_reduce_grads(list(params), self._grad_group(m), divide_by=divide_by)
 
     def _no_sync(self, sync: bool) -> Any:
+        for m in self.sharded:  # FSDP2 has a setting, not a context: set it every step
+            self.modules[m].set_requires_gradient_sync(sync)
         stack = contextlib.ExitStack()
         if not sync:
             for wrapped in self._ddp.values():
@@ -426,13 +484,15 @@ class PlanRunner:
         module's own stream. Needs one eager step first (it fixes the shapes)."""
         if not self.config.graphs or self.graphed:
             return
-        if self._samples is None:
+        graphed = [m for m in self.local  # TP and FSDP modules run eagerly
+                   if self.tensor_parallel[m] == 1 and m not in self.sharded]
+        if self._samples is None and graphed:
             raise EngineError("capture_graphs() needs one eager step first: call step() once")
         torch.cuda.synchronize(self.device)
         side = torch.cuda.Stream(self.device)
         saved = torch.cuda.graph.default_capture_stream
         try:
-            for m in self.local:
+            for m in graphed:
                 # make_graphed_callables captures on graph.default_capture_stream. A graph
                 # captured elsewhere and replayed on a green-context stream ignores the quota
                 # (measured, DESIGN.md), so capture on the module's own stream. Temporal

@@ -6,14 +6,16 @@ build their ranks through here, so a plan trains exactly as it is measured.
     modules = build_modules(model, preset, local_modules(plan, d.rank), seed, d.device)
     views, report = compile_modules(modules, config.compile)
     session = RankSession.create(plan, graph, modules, d, gpu, config, views=views)
-    loss = session.step(session.local_batch(batch))
+    loss = session.step(session.load_local_batch(batch_loader(model, preset, n, seed, step)))
 """
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Any
@@ -22,6 +24,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from mosaic.engine import tensor_parallel
 from mosaic.engine.comm import PlanComm, check_world_size
 from mosaic.engine.compile import COMPILE_MODES
 from mosaic.engine.green import SMPartitionPool, requests_for_plan
@@ -78,6 +81,20 @@ class Dist:
     world_size: int
     device: torch.device
     owns_group: bool
+
+
+def end_distributed(d: Dist) -> None:
+    """Destroy the world this process started, and collect what still holds its groups.
+
+    A process group whose last reference dies at interpreter exit is destroyed after CUDA
+    has torn its context down, and NCCL's destructor then aborts the process ("context is
+    destroyed") although every step succeeded. So pending work is finished first and
+    unreachable objects holding groups are collected while CUDA still runs."""
+    if d.owns_group and dist.is_initialized():
+        if d.device.type == "cuda":
+            torch.cuda.synchronize(d.device)
+        dist.destroy_process_group()
+    gc.collect()
 
 
 def start_distributed(device: str | None, timeout_s: float | None = None) -> Dist:
@@ -138,8 +155,28 @@ def build_modules(model: Any, preset: str, names: list[str], seed: int,
 def make_batch(model: Any, preset: str, global_batch: int, seed: int,
                step: int) -> dict[str, tuple[torch.Tensor, ...]]:
     """The global batch of `step` on the host, identical on every rank."""
+    if hasattr(model, "make_rows"):  # the same samples a rank loads for its share
+        return model.make_rows(preset, None, step=step, seed=seed, global_batch=global_batch)
     generator = torch.Generator().manual_seed(seed * 1_000_003 + step)
     return model.make_inputs(preset, global_batch, generator, torch.device("cpu"))
+
+
+Rows = dict[str, tuple[torch.Tensor, ...]]
+RowLoader = Callable[[Mapping[str, tuple[int, int]]], Rows]
+"""{module: (start, stop)} of the step's global batch -> those rows of each module's inputs."""
+
+
+def batch_loader(model: Any, preset: str, global_batch: int, seed: int, step: int) -> RowLoader:
+    """Loads rows of step `step`. A model with `make_rows` (the zoo, `mosaic.data` sources)
+    makes only the rows asked for; any other model makes the whole global batch once (its
+    `make_inputs`), which is then sliced."""
+    if hasattr(model, "make_rows"):
+        return lambda ranges: model.make_rows(preset, ranges, step=step, seed=seed,
+                                              global_batch=global_batch)
+    from mosaic.data import slice_rows
+
+    batch = make_batch(model, preset, global_batch, seed, step)
+    return lambda ranges: slice_rows(batch, ranges)
 
 
 def make_optimizer(name: str, params: list[nn.Parameter], lr: float,
@@ -149,7 +186,18 @@ def make_optimizer(name: str, params: list[nn.Parameter], lr: float,
     kwargs = {"lr": lr, "weight_decay": weight_decay}
     if name == "adamw" and params and params[0].is_cuda:
         kwargs["fused"] = True
-    return OPTIMIZERS[name](params, **kwargs)
+    return OPTIMIZERS[name](_param_groups(params), **kwargs)
+
+
+def _param_groups(params: list[nn.Parameter]) -> list[dict[str, Any]]:
+    """Sharded (DTensor) and plain parameters in separate groups: the fused and multi-tensor
+    kernels batch a group's tensors by device and dtype, and refuse a batch that mixes
+    DTensors with plain tensors (found on two H200s: FSDP leaves scalar parameters whole)."""
+    from torch.distributed.tensor import DTensor
+
+    sharded = [p for p in params if isinstance(p, DTensor)]
+    plain = [p for p in params if not isinstance(p, DTensor)]
+    return [{"params": group} for group in (plain, sharded) if group]
 
 
 # --- the session -----------------------------------------------------------------------------
@@ -168,6 +216,7 @@ class RankSession:
         check_world_size(plan, d.world_size)
         step_graph = _micro_step_graph(plan, graph, modules, config.accumulation)
         comm = PlanComm.create(plan, d.device)
+        views = _shard_tensor_parallel(plan, modules, comm, views)
         pool = SMPartitionPool.create(requests_for_plan(plan, d.rank, gpu),
                                       d.device.index if d.device.type == "cuda" else None, gpu)
         try:
@@ -192,6 +241,24 @@ class RankSession:
                   for k in range(n)]
         return [self.runner.local_batch(chunk) for chunk in chunks]
 
+    def sample_ranges(self) -> list[dict[str, tuple[int, int]]]:
+        """Per micro-step, the rows of the step's global batch that each module of this rank
+        processes: micro-step k runs rows [k * M, (k + 1) * M) (M = global batch /
+        accumulation), of which this rank's share, as `local_batch` slices them."""
+        per_micro = self.runner.graph.global_batch
+        ranges = self.runner.sample_ranges()
+        return [{m: (k * per_micro + start, k * per_micro + stop)
+                 for m, (start, stop) in ranges.items()}
+                for k in range(self.config.accumulation)]
+
+    def load_local_batch(self, load: RowLoader) -> list[dict[str, Any]]:
+        """This rank's samples of each micro-step, on the device, loading only the rows it
+        processes (`local_batch` takes the whole global batch instead). Call untimed."""
+        device = self.runner.device
+        return [{m: tuple(t.to(device, non_blocking=True) for t in ts)
+                 for m, ts in load(ranges).items() if m in ranges}
+                for ranges in self.sample_ranges()]
+
     def step(self, data: list[dict[str, Any]]) -> StepOutput:
         """Forward and backward of every micro-step, gradients synchronised once; the loss is
         this rank's share of the step's loss (summed over micro-steps)."""
@@ -208,14 +275,35 @@ class RankSession:
     def describe(self) -> dict[str, Any]:
         return {"pool": self.pool.describe(), "grad_sync": self.config.grad_sync,
                 "reduce_dtype": self.config.reduce_dtype, "accumulation": self.config.accumulation,
-                "graphs": self.runner.graphed, "compile": self.config.compile}
+                "graphs": self.runner.graphed, "compile": self.config.compile,
+                "sharded": sorted(self.runner.sharded)}  # this rank's FSDP2 modules
 
     def close(self) -> None:
         # DDP reducers hold the module groups' communicators: let them go now, while the
         # process group still exists, not whenever the garbage collector gets to them
         # after destroy_process_group.
         self.runner.release_ddp()
+        self.comm.close()
         self.pool.close()
+
+
+def _shard_tensor_parallel(plan: Plan, modules: dict[str, nn.Module], comm: PlanComm,
+                           views: dict[str, nn.Module] | None) -> dict[str, nn.Module] | None:
+    """Shard this rank's tensor-parallel modules in place over their TP group's mesh
+    (engine/tensor_parallel.py). They run eagerly (not verified under Inductor), so their
+    compiled views are dropped."""
+    sharded = set()
+    for name, module in modules.items():
+        placement = plan.placement(name)
+        if placement.tensor_parallel == 1 or comm.rank not in placement.gpus:
+            continue
+        group = next(g for g in placement.tp_groups if comm.rank in g)
+        tensor_parallel.parallelize(name, module,
+                                    tensor_parallel.mesh_of(comm.group(group), comm.device))
+        sharded.add(name)
+    if views is None or not sharded:
+        return views
+    return {m: v for m, v in views.items() if m not in sharded}
 
 
 def _micro_step_graph(plan: Plan, graph: MMGraph, modules: dict[str, nn.Module],

@@ -11,6 +11,7 @@ rank runs the same plan) -> world size and `Plan.validate` -> memory estimate vs
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import math
 import os
@@ -25,6 +26,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from mosaic.data import with_dataset
 from mosaic.engine import checkpoint as _checkpoint
 from mosaic.engine.checkpoint import (
     CheckpointConfig,
@@ -40,17 +42,20 @@ from mosaic.engine.session import (
     EngineConfig,
     Fault,
     RankSession,
+    batch_loader,
     build_modules,
+    end_distributed,
     local_modules,
     make_batch,
     make_optimizer,
     start_distributed,
 )
+from mosaic.engine.tensor_parallel import local_tensor
 from mosaic.engine.timer import Timer
 from mosaic.errors import MosaicError
 from mosaic.graph import MMGraph
 from mosaic.hardware import make_cluster
-from mosaic.plan import Plan, PlanError, gpu_memory_bytes
+from mosaic.plan import Plan, PlanError, gpu_memory_bytes, memory_fix
 
 __all__ = ["OPTIMIZERS", "TrainConfig", "TrainError", "TrainResult", "build_modules",
            "make_batch", "make_optimizer", "start_distributed", "train", "train_from_cli"]
@@ -121,6 +126,12 @@ class TrainConfig:
     long (when this process starts the process group). None: torch's default."""
     skip_nonfinite: bool = False
     """On a NaN/inf loss or gradient, skip that step's update (logged) instead of stopping."""
+    data: str = "synthetic"
+    """What a zoo model trains on (`mosaic.data.DATASETS`): its synthetic inputs, or 'digits'
+    (scikit-learn's handwritten digits, CLIP only; zero-shot accuracy in the summary)."""
+    tensorboard_dir: str | None = None
+    """Rank 0 also writes loss and step time as TensorBoard scalars here (needs the
+    `tensorboard` package)."""
 
     def __post_init__(self) -> None:
         if self.resume not in (False, True, "auto"):
@@ -148,6 +159,13 @@ class TrainConfig:
             raise TrainError(f"device={self.device!r}; use 'cpu', 'cuda' or leave it unset")
         if self.global_batch is not None and self.global_batch < 1:
             raise TrainError(f"global_batch={self.global_batch} must be >= 1 (or unset)")
+        from mosaic.data import DATASETS
+
+        if self.data not in DATASETS:
+            raise TrainError(f"data={self.data!r}; use one of {', '.join(DATASETS)} (--data)")
+        if self.tensorboard_dir is not None and importlib.util.find_spec("tensorboard") is None:
+            raise TrainError(f"tensorboard_dir={self.tensorboard_dir!r} needs the tensorboard "
+                             "package: pip install tensorboard, or drop --tensorboard")
 
 
 @dataclass(slots=True)
@@ -190,8 +208,8 @@ def _check_memory(plan: Plan, graph: MMGraph, d: Dist) -> None:
         if need > free[gpu].item():
             raise TrainError(
                 f"GPU {gpu} needs about {need / 2**30:.1f} GiB for this plan (weights, optimizer "
-                f"state, activations) but has {free[gpu].item() / 2**30:.1f} GiB free; lower the "
-                "batch (--global-batch) or plan over more GPUs")
+                f"state, activations) but has {free[gpu].item() / 2**30:.1f} GiB free; "
+                f"{memory_fix(plan, graph, gpu, need - free[gpu].item())} (--global-batch)")
 
 
 # --- the loop ------------------------------------------------------------------------------
@@ -205,6 +223,7 @@ def train(config: TrainConfig, model: TrainableModel | None = None) -> TrainResu
             from mosaic.zoo import get_model
 
             model = get_model(config.model)
+        model = with_dataset(model, config.data, config.preset, config.seed)
         graph = model.graph(config.preset, config.global_batch)
         plan = _agree_on_plan(config, d)
         check_world_size(plan, d.world_size)
@@ -213,9 +232,16 @@ def train(config: TrainConfig, model: TrainableModel | None = None) -> TrainResu
         session, optimizer, compiled = _build(config, model, graph, plan, d)
         setup_s = time.perf_counter() - t_setup
         first = _resume(config, session, optimizer, d)
-        steps, timeline = _loop(config, model, graph, session, optimizer, d, first)
+        with _tensorboard(config, d, first) as board:
+            steps, timeline = _loop(config, model, graph, session, optimizer, d, first, board)
+            evaluation = _evaluate(model, graph, session)
+            for key, value in (evaluation or {}).items():
+                if board is not None and isinstance(value, float):
+                    board.add_scalar(f"eval/{key}", value, config.steps)
         summary = _summary(config, graph, session, steps, d, setup_s)
         summary["compile"] = compiled.to_dict()
+        if evaluation is not None:
+            summary["eval"] = evaluation
         return TrainResult(steps=steps, summary=summary, plan=plan, timeline=timeline,
                            modules=session.modules)
     except PlanError as exc:
@@ -223,8 +249,7 @@ def train(config: TrainConfig, model: TrainableModel | None = None) -> TrainResu
     finally:
         if session is not None:
             session.close()
-        if d.owns_group:
-            dist.destroy_process_group()
+        end_distributed(d)
 
 
 def _build(config: TrainConfig, model: TrainableModel, graph: MMGraph, plan: Plan, d: Dist):
@@ -233,6 +258,8 @@ def _build(config: TrainConfig, model: TrainableModel, graph: MMGraph, plan: Pla
                             d.device)
     views, compiled = compile_modules(modules, config.engine.compile)
     session = RankSession.create(plan, graph, modules, d, gpu, config.engine, views=views)
+    for name in session.runner.sharded:
+        compiled.mark_eager(name, "sharded states (FSDP2) run the plain module")
     params = session.parameters()
     optimizer = (make_optimizer(config.optimizer, params, config.lr, config.weight_decay)
                  if params else None)  # a GPU may hold no module at all
@@ -297,8 +324,42 @@ def _fault_in_checkpoint(fault: Fault | None, rank: int, steps_done: int):
         _checkpoint._dcp_save = write
 
 
+def _evaluate(model: TrainableModel, graph: MMGraph, session: RankSession) -> dict | None:
+    """The data source's score of the trained modules (the digits' zero-shot accuracy), on a
+    rank that holds every module; None elsewhere, or when the source has no score."""
+    evaluate = getattr(model, "evaluate", None)
+    if evaluate is None or not set(graph.names) <= set(session.modules):
+        return None
+    return evaluate(session.modules)
+
+
+@contextlib.contextmanager
+def _tensorboard(config: TrainConfig, d: Dist, first: int):
+    """Rank 0's TensorBoard writer (None when off); a resumed run drops the events of the
+    steps it runs again (purge_step), as the metrics file drops their lines."""
+    if d.rank != 0 or config.tensorboard_dir is None:
+        yield None
+        return
+    from torch.utils.tensorboard import SummaryWriter  # needs `tensorboard` (checked early)
+
+    writer = SummaryWriter(config.tensorboard_dir, purge_step=first or None)
+    try:
+        yield writer
+    finally:
+        writer.close()
+
+
+def _board_scalars(board: Any, row: dict[str, Any]) -> None:
+    if board is None:
+        return
+    board.add_scalar("train/loss", row["loss"], row["step"])
+    board.add_scalar("train/step_time_ms", 1e3 * row["step_time_s"], row["step"])
+    if row.get("samples_per_s") is not None:
+        board.add_scalar("train/samples_per_s", row["samples_per_s"], row["step"])
+
+
 def _loop(config: TrainConfig, model: TrainableModel, graph: MMGraph, session: RankSession,
-          optimizer: torch.optim.Optimizer | None, d: Dist, first: int = 0):
+          optimizer: torch.optim.Optimizer | None, d: Dist, first: int = 0, board: Any = None):
     timer = Timer(d.device)
     fault = Fault.from_env()  # test-only fault injection; None in a real run
     steps: list[dict[str, Any]] = []
@@ -324,6 +385,7 @@ def _loop(config: TrainConfig, model: TrainableModel, graph: MMGraph, session: R
                 if metrics is not None:
                     metrics.write(json.dumps(row) + "\n")
                     metrics.flush()
+                _board_scalars(board, row)
                 bar.update(task, advance=1, loss=row["loss"], ms=1e3 * row["step_time_s"])
     finally:
         if metrics is not None:
@@ -336,8 +398,8 @@ def _train_step(config: TrainConfig, model: TrainableModel, graph: MMGraph,
                 timer: Timer, step: int, fault: Fault | None):
     """One optimizer step and its metrics line. A non-finite loss or gradient stops the run
     before the update, or (skip_nonfinite) skips the update."""
-    data = session.local_batch(make_batch(model, config.preset, graph.global_batch,
-                                          config.seed, step))
+    data = session.load_local_batch(batch_loader(model, config.preset, graph.global_batch,
+                                                 config.seed, step))
     if optimizer is not None:
         optimizer.zero_grad(set_to_none=True)
     start = timer.mark()
@@ -369,7 +431,8 @@ def _loss_and_nonfinite(session: RankSession, loss: torch.Tensor, d: Dist) -> tu
     names = sorted({p.module for s in session.plan.stages for p in s.placements})
     values = [loss.detach().float().reshape(())]
     for name in names:
-        grads = [p.grad for p in session.modules[name].parameters()
+        # A TP shard's local gradient: the flags are summed over ranks anyway.
+        grads = [local_tensor(p.grad) for p in session.modules[name].parameters()
                  if p.grad is not None] if name in session.modules else []
         # A norm is NaN/inf iff some element is (or the sum overflows fp32: as unusable).
         values.append(torch.stack(torch._foreach_norm(grads)).float().sum() if grads
@@ -388,7 +451,7 @@ def _poison_gradient(session: RankSession) -> None:
     for _, module in sorted(session.modules.items()):
         for p in module.parameters():
             if p.grad is not None:
-                p.grad.view(-1)[0] = float("nan")
+                local_tensor(p.grad).view(-1)[0] = float("nan")
                 return
 
 
@@ -585,7 +648,8 @@ def train_from_cli(model: str, preset: str = "tiny", plan_path: str | None = Non
                    warmup_steps: int = 2, lr: float = 1e-4, seed: int = 0,
                    global_batch: int | None = None, hardware: str = "h200",
                    checkpoint: CheckpointConfig | None = None, resume: bool | str = False,
-                   timeout_s: float | None = 600.0, skip_nonfinite: bool = False) -> TrainResult:
+                   timeout_s: float | None = 600.0, skip_nonfinite: bool = False,
+                   data: str = "synthetic", tensorboard_dir: str | None = None) -> TrainResult:
     """`mosaic train`: checks that the process count matches --gpus (torchrun or not)."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if gpus is not None and gpus != world:
@@ -597,5 +661,6 @@ def train_from_cli(model: str, preset: str = "tiny", plan_path: str | None = Non
                          warmup_steps=min(warmup_steps, steps - 1), lr=lr, seed=seed,
                          global_batch=global_batch, engine=engine or EngineConfig(),
                          metrics_path=metrics, hardware=hardware, checkpoint=checkpoint,
-                         resume=resume, timeout_s=timeout_s, skip_nonfinite=skip_nonfinite)
+                         resume=resume, timeout_s=timeout_s, skip_nonfinite=skip_nonfinite,
+                         data=data, tensorboard_dir=tensorboard_dir)
     return train(config)

@@ -86,11 +86,11 @@ class AnalyticModel(PerfModel):
 
     def colocated_time_s(self, works: Sequence[Work], sharing: str) -> float:
         if len(works) == 1 or sharing == "temporal":
-            return sum(self.module_time_s(w.module, w.per_gpu_batch, 1.0) for w in works)
+            return sum(self.work_time_s(w, 1.0) for w in works)
         if sharing == "partition":
             slowdowns = self._contention(works)
             return max(
-                self.module_time_s(w.module, w.per_gpu_batch, w.sm_share) * s
+                self.work_time_s(w, w.sm_share) * s
                 for w, s in zip(works, slowdowns, strict=True)
             )
         return self._shared_time_s(works, sharing)
@@ -102,11 +102,9 @@ class AnalyticModel(PerfModel):
         finish before it is packed onto the whole GPU; all bytes cannot move faster than the
         device's bandwidth.
         """
-        alone = [
-            self.module_time_s(w.module, w.per_gpu_batch, 1.0 if sharing == "free" else w.sm_share)
-            for w in works
-        ]
-        memory_s = sum(self._terms(w.module, w.per_gpu_batch)[1] for w in works)
+        alone = [self.work_time_s(w, 1.0 if sharing == "free" else w.sm_share) for w in works]
+        # A TP shard moves and computes 1/t of its replica's bytes and FLOPs.
+        memory_s = sum(self._terms(w.module, w.per_gpu_batch)[1] / w.tensor_parallel for w in works)
         packed_s = self._packed_sm_time(works, sharing)
         # Streams without a quota steal SMs from the longest module: it runs a little slower
         # than alone, while the packed work still cannot beat the whole GPU.
@@ -120,5 +118,5 @@ class AnalyticModel(PerfModel):
         for w in works:
             cap = 1.0 if sharing == "free" else w.sm_share
             sms = min(self._terms(w.module, w.per_gpu_batch)[3], self.gpu.round_sms(cap))
-            total += self._compute_s(w.module, w.per_gpu_batch, sms) * sms
+            total += self._compute_s(w.module, w.per_gpu_batch, sms) * sms / w.tensor_parallel
         return total / n

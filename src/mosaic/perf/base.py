@@ -8,6 +8,9 @@ is composed here once, so the planners and the reports never care which model th
 - `colocated_time_s`: time until every module of a group colocated on one GPU is done, in a
   sharing mode (temporal / partition / cap / free), interference included.
 - `allreduce_s` / `transfer_s`: gradient all-reduce and activation transfer.
+
+Tensor parallelism (mosaic.tensor_parallel) is composed here too: a TP shard's work is the
+module's time at the replica's batch / t plus the TP group's all-reduces (`work_time_s`).
 """
 
 from __future__ import annotations
@@ -17,10 +20,12 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from mosaic import sharding
+from mosaic import tensor_parallel as tp
 from mosaic.errors import MosaicError
 from mosaic.graph import MMGraph, ModuleSpec
 from mosaic.hardware import ClusterSpec
-from mosaic.plan import Plan, Stage
+from mosaic.plan import Placement, Plan, Stage
 
 GRAD_BYTES_PER_PARAM = 4.0
 """Gradients are all-reduced in fp32 (mixed precision keeps fp32 master gradients)."""
@@ -36,8 +41,11 @@ class Work:
 
     module: ModuleSpec
     per_gpu_batch: int
+    """The replica's batch (global batch / DP degree); a TP group's GPUs share it."""
     sm_share: float = 1.0
     priority: int = 0
+    tensor_parallel: int = 1
+    """GPUs the replica is sharded over (this work is one shard)."""
 
 
 class PerfModel(ABC):
@@ -61,6 +69,38 @@ class PerfModel(ABC):
 
     def describe(self) -> str:
         return self.name
+
+    # --- tensor parallelism: composed from the primitives, so every model prices it alike ------
+    def work_time_s(self, work: Work, sm_share: float) -> float:
+        """Forward + backward of one work on `sm_share` of its GPU: a TP shard runs 1/t of the
+        replica's compute at the replica's batch, then waits for the TP group's all-reduces."""
+        alone = self.module_time_s(work.module, work.per_gpu_batch, sm_share)
+        t = work.tensor_parallel
+        return alone if t == 1 else alone / t + self.tp_comm_s(work.module, work.per_gpu_batch, t)
+
+    def tp_comm_s(self, module: ModuleSpec, per_gpu_batch: int, tensor_parallel: int) -> float:
+        """The TP all-reduces of one forward + backward, over `tensor_parallel` GPUs of a node."""
+        if tensor_parallel <= 1:
+            return 0.0
+        one = self.allreduce_s(tp.allreduce_bytes(module, per_gpu_batch), tuple(range(tensor_parallel)))
+        return tp.allreduces_per_step(module) * one
+
+    def placement_allreduce_s(self, module: ModuleSpec, p: Placement) -> float:
+        """Gradient all-reduce of a placed module: each TP shard's gradients over the GPUs
+        holding that shard (the shards' all-reduces run at once, on disjoint GPUs). A sharded
+        placement all-gathers and reduce-scatters instead (`sharded_sync_s`)."""
+        if p.shard:
+            return self.sharded_sync_s(module, p.gpus)
+        num_bytes = module.num_params / p.tensor_parallel * GRAD_BYTES_PER_PARAM
+        return self.allreduce_s(num_bytes, p.dp_groups[0])
+
+    def edge_transfer_s(self, num_bytes: float, src: Placement, dst: Placement) -> float:
+        """An edge's activations forward and their gradients back: every GPU of a TP consumer
+        receives its replica's samples, every GPU of a TP producer their gradients. Ends on the
+        same GPU list move nothing (slices stay local)."""
+        forward = self.transfer_s(num_bytes * dst.tensor_parallel, src.gpus, dst.gpus)
+        backward = self.transfer_s(num_bytes * src.tensor_parallel, src.gpus, dst.gpus)
+        return forward + backward
 
     # --- communication: ring all-reduce and point-to-point from link bandwidths ---------------
     def allreduce_s(self, num_bytes: float, gpus: Sequence[int]) -> float:
@@ -102,6 +142,28 @@ class PerfModel(ABC):
         bandwidth = self.cluster.gpu_inter_node_bandwidth_bps
         return hops * self.cluster.inter_node_latency_s + 2 * (m - 1) / m * shard_bytes / bandwidth
 
+    def collective_s(self, kind: str, num_bytes: float, gpus: Sequence[int]) -> float:
+        """An all-gather (`num_bytes`: the gathered size) or reduce-scatter (each GPU's whole
+        input) as a ring: n - 1 steps over the slowest link of the set (the profiled model
+        uses its measured curves instead)."""
+        if kind not in ("all_gather", "reduce_scatter"):
+            raise PerfModelError(f"collective kind {kind!r}; use 'all_gather' or 'reduce_scatter'")
+        n = len(gpus)
+        if n <= 1 or num_bytes <= 0:
+            return 0.0
+        hop_s = self.cluster.inter_node_latency_s if self.cluster.spans_nodes(list(gpus)) else 0.0
+        return ((n - 1) * (self.cluster.collective_latency_s / 4 + hop_s)
+                + (n - 1) / n * num_bytes / self.cluster.link_bandwidth_bps(list(gpus)))
+
+    def sharded_sync_s(self, module: ModuleSpec, gpus: Sequence[int]) -> float:
+        """A sharded module's communication per step, in place of its gradient all-reduce:
+        its weights all-gathered in forward and again in backward, its gradients
+        reduce-scattered (mosaic.sharding). Counted after the stage's compute, as the
+        all-reduce is: FSDP overlaps part of it with compute, so this errs long."""
+        gather_s = self.collective_s("all_gather", sharding.all_gather_bytes(module), gpus)
+        scatter_s = self.collective_s("reduce_scatter", sharding.reduce_scatter_bytes(module), gpus)
+        return sharding.PARAM_ALL_GATHERS * gather_s + scatter_s
+
     def transfer_s(self, num_bytes: float, src_gpus: Sequence[int], dst_gpus: Sequence[int]) -> float:
         """Moving a whole batch's activations from one GPU set to another (zero if same set).
         Across nodes each lane crosses on its GPU's share of the NICs, one fabric hop more."""
@@ -119,7 +181,8 @@ class PerfModel(ABC):
         by_gpu: dict[int, list[Work]] = {}
         for p in stage.placements:
             m = graph.module(p.module)
-            work = Work(m, (batch or graph.global_batch) // p.dp_degree, p.sm_share, p.priority)
+            work = Work(m, (batch or graph.global_batch) // p.dp_degree, p.sm_share, p.priority,
+                        p.tensor_parallel)
             for g in p.gpus:
                 by_gpu.setdefault(g, []).append(work)
         return by_gpu
@@ -131,10 +194,7 @@ class PerfModel(ABC):
 
     def stage_allreduce_s(self, stage: Stage, graph: MMGraph) -> float:
         # Modules of a stage all-reduce on their own groups at once; the slowest one counts.
-        times = [
-            self.allreduce_s(graph.module(p.module).num_params * GRAD_BYTES_PER_PARAM, p.gpus)
-            for p in stage.placements
-        ]
+        times = [self.placement_allreduce_s(graph.module(p.module), p) for p in stage.placements]
         return max(times, default=0.0)
 
     def stage_time_s(self, stage: Stage, graph: MMGraph) -> float:
@@ -146,18 +206,20 @@ class PerfModel(ABC):
         for src, dst in graph.edges:
             a, b = plan.placement(src), plan.placement(dst)
             num_bytes = graph.module(src).output_bytes_per_sample * graph.global_batch
-            total += 2 * self.transfer_s(num_bytes, a.gpus, b.gpus)
+            total += self.edge_transfer_s(num_bytes, a, b)
         return total
 
     def optimizer_s(self, plan: Plan, graph: MMGraph) -> float:
-        """The optimizer step after the last backward: the GPU holding the most parameters."""
+        """The optimizer step after the last backward: the GPU holding the most parameters
+        (a TP shard holds 1/t of its module's, a sharded placement 1/DP)."""
         if self.optimizer_bytes_per_param <= 0:
             return 0.0
-        params: dict[int, int] = {}
+        params: dict[int, float] = {}
         for stage in plan.stages:
             for p in stage.placements:
                 for g in p.gpus:
-                    params[g] = params.get(g, 0) + graph.module(p.module).num_params
+                    share = p.tensor_parallel * (p.dp_degree if p.shard else 1)
+                    params[g] = params.get(g, 0) + graph.module(p.module).num_params / share
         most = max(params.values(), default=0)
         return most * self.optimizer_bytes_per_param / self.cluster.gpu.mem_bandwidth_bps
 

@@ -32,15 +32,19 @@ from mosaic.plan import Plan, PlanError
 from mosaic.profile.db import FitRecord, ProfileDB
 
 FIT_PREFIX = "engine_term."
-FEATURES = ("const", "stages", "busiest_modules", "params", "predicted")
+FEATURES = ("const", "stages", "busiest_modules", "params", "synced_params", "predicted")
 """const: 1 (seconds per step); stages: plan stages (a synchronisation each); busiest_modules:
 most placements on one GPU (launch and hook work per module); params: parameters on the GPU
-holding most (optimizer and gradient bookkeeping per parameter); predicted: the composed
+holding most (optimizer and gradient bookkeeping per parameter); synced_params: the same for
+placements synchronised across GPUs (DDP's bucket copies and the collectives' contention with
+compute, beyond the all-reduce the model already counts); predicted: the composed
 prediction itself (kernels uniformly faster or slower than profiled, e.g. Inductor)."""
 FEATURE_SETS: tuple[tuple[str, ...], ...] = (
     ("const",), ("predicted",), ("const", "predicted"), ("const", "params"),
     ("const", "stages"), ("const", "busiest_modules"), ("const", "stages", "params"),
     ("const", "busiest_modules", "params"), ("const", "params", "predicted"),
+    ("const", "synced_params"), ("const", "predicted", "synced_params"),
+    ("const", "params", "synced_params"),
     ("const", "stages", "busiest_modules", "params"),
 )
 """Candidates, fewest features first (a tie in held-out error keeps the simpler term)."""
@@ -89,8 +93,8 @@ class EngineTerm:
     def describe(self) -> str:
         unit = {"const": "{:+.3g} ms", "stages": "{:+.3g} ms/stage",
                 "busiest_modules": "{:+.3g} ms/module", "params": "{:+.3g} ns/param",
-                "predicted": "{:+.3g}% x predicted"}
-        scale = {"params": 1e9, "predicted": PERCENT}
+                "synced_params": "{:+.3g} ns/synced param", "predicted": "{:+.3g}% x predicted"}
+        scale = {"params": 1e9, "synced_params": 1e9, "predicted": PERCENT}
         terms = " ".join(unit[f].format(c * scale.get(f, 1e3))
                            for f, c in zip(self.features, self.coef, strict=True))
         err = (f", held-out MAPE {self.mape:.1f}% (uncorrected {self.baseline_mape:.1f}%)"
@@ -123,28 +127,53 @@ class EngineTerm:
 
 
 # --- features ------------------------------------------------------------------------------
+GPU_ENGINE_KIND = "graphs+compile-default"
+"""What `mosaic train` and `mosaic bench` run on a GPU unless told otherwise."""
+
+
 def engine_kind(engine: dict[str, Any] | None) -> str:
     """The engine a measurement ran on, from a bench JSON's `engine` record: results without
-    one come from the older eager engine; otherwise 'graphs' and/or 'compile-<mode>'."""
+    one come from the older eager engine; otherwise 'graphs' and/or 'compile-<mode>', plus the
+    gradient synchronisation when it is not the default DDP in fp32 ('bucketed', 'bf16-reduce'):
+    each syncs at its own cost, so each gets its own term."""
     if not engine:
         return "eager"
     parts = (["graphs"] if engine.get("graphs") else []) + (
         [f"compile-{engine['compile']}"] if engine.get("compile") else [])
+    if engine.get("grad_sync", "ddp") != "ddp":
+        parts.append(str(engine["grad_sync"]))
+    if engine.get("reduce_dtype", "fp32") != "fp32":
+        parts.append(f"{engine['reduce_dtype']}-reduce")
     return "+".join(parts) or "eager"
+
+
+def kernels_of_engine(engine: str | None) -> str:
+    """The profile kernels (ProfileDB `kernels`) an engine kind runs: `compile-<mode>` when it
+    compiles, else eager."""
+    for part in (engine or "eager").split("+"):
+        if part.startswith("compile-"):
+            return part
+    return "eager"
 
 
 def plan_features(plan: Plan, graph: MMGraph, predicted_s: float) -> dict[str, float]:
     """FEATURES of one plan; `predicted_s` is its composed prediction without an engine term."""
     modules: dict[int, int] = {}
     params: dict[int, int] = {}
+    synced: dict[int, int] = {}
     for stage in plan.stages:
         for p in stage.placements:
+            count = graph.module(p.module).num_params // p.tensor_parallel
             for g in p.gpus:
                 modules[g] = modules.get(g, 0) + 1
-                params[g] = params.get(g, 0) + graph.module(p.module).num_params
+                params[g] = params.get(g, 0) + count
+                if p.dp_degree > 1:
+                    synced[g] = synced.get(g, 0) + count
     return {"const": 1.0, "stages": float(len(plan.stages)),
             "busiest_modules": float(max(modules.values(), default=0)),
-            "params": float(max(params.values(), default=0)), "predicted": float(predicted_s)}
+            "params": float(max(params.values(), default=0)),
+            "synced_params": float(max(synced.values(), default=0)),
+            "predicted": float(predicted_s)}
 
 
 # --- rows ----------------------------------------------------------------------------------
@@ -157,30 +186,37 @@ def _graph(model: str, preset: str, global_batch: int, cache: dict) -> MMGraph:
     return cache[key]
 
 
-def rows_from_results(paths: str | Path | Iterable[str | Path]) -> list[IterationRow]:
+def rows_from_results(paths: str | Path | Iterable[str | Path],
+                      repredict: Any = None) -> list[IterationRow]:
     """Plan rows of `mosaic bench` results predicted by the profiled model (the term corrects
-    that model; an analytic prediction has other errors). User programs have no plan: skipped."""
+    that model; an analytic prediction has other errors). User programs have no plan: skipped.
+    `repredict` (perf.repredict.Repredictor): fit against today's composed prediction (its
+    surfaces, without any engine term) instead of the one each result recorded."""
     from mosaic.perf.results import bench_result_files, load_bench_result
 
     rows: list[IterationRow] = []
     graphs: dict = {}
     for name, path in bench_result_files(paths):
         report = load_bench_result(path) or {}
-        if not str(report.get("perf_model", "")).startswith("profiled"):
+        if repredict is None and not str(report.get("perf_model", "")).startswith("profiled"):
             continue
         kind = engine_kind(report.get("engine"))
         graph = _graph(report["model"], report["preset"], int(report["global_batch"]), graphs)
         for r in report.get("results", []):
-            if r.get("plan") and r.get("predicted_iteration_s") and r.get("measured_iteration_s"):
-                rows.append(_row(name, kind, Plan.from_dict(r["plan"]), graph,
-                                 float(r["predicted_iteration_s"]),
+            if not (r.get("plan") and r.get("measured_iteration_s")):
+                continue
+            predicted = (repredict.predict(report, r, engine_term=False) if repredict is not None
+                         else r.get("predicted_iteration_s"))
+            if predicted:
+                rows.append(_row(name, kind, Plan.from_dict(r["plan"]), graph, float(predicted),
                                  float(r["measured_iteration_s"]), str(r.get("planner", ""))))
     return rows
 
 
-def rows_from_db(db: ProfileDB) -> list[IterationRow]:
+def rows_from_db(db: ProfileDB, repredict: Any = None) -> list[IterationRow]:
     """Iterations recorded by autotune runs (one held-out group per run), profiled-model only;
-    `predicted_s - engine_term_s` is the composed prediction the term is fitted against."""
+    `predicted_s - engine_term_s` is the composed prediction the term is fitted against
+    (`repredict`: today's composed prediction instead)."""
     rows: list[IterationRow] = []
     graphs: dict = {}
     for it in db.iterations():
@@ -191,8 +227,10 @@ def rows_from_db(db: ProfileDB) -> list[IterationRow]:
         except (PlanError, ValueError):
             continue  # a plan format this version cannot read: not evidence
         graph = _graph(it.model, it.preset, it.global_batch, graphs)
-        rows.append(_row(f"db:{it.date}", it.engine, plan, graph,
-                         it.predicted_s - it.engine_term_s, it.measured_s, it.label))
+        composed = (it.predicted_s - it.engine_term_s if repredict is None else
+                    repredict.predict_plan(db.hardware, it.engine, plan, graph, engine_term=False))
+        rows.append(_row(f"db:{it.date}", it.engine, plan, graph, composed, it.measured_s,
+                         it.label))
     return rows
 
 
@@ -275,11 +313,16 @@ def fit_engine_terms(rows: Sequence[IterationRow]) -> dict[str, EngineTerm]:
     return terms
 
 
-def refit(db_path: str | Path, results: Sequence[str | Path] = ()) -> dict[str, EngineTerm]:
+def refit(db_path: str | Path, results: Sequence[str | Path] = (),
+          today: Any = None) -> dict[str, EngineTerm]:
     """Fit every engine kind on the bench results given plus the DB's recorded iterations,
-    and store each term in the DB's `fits` table (replacing that kind's previous fit)."""
+    and store each term in the DB's `fits` table (replacing that kind's previous fit).
+    `today` (perf.repredict.Repredictor on this DB): fit against the composed predictions of
+    the surfaces in the DB now; a term fitted on the predictions the results recorded from
+    older surfaces would correct the wrong model."""
     with ProfileDB.open(db_path, readonly=False) as db:
-        rows = (rows_from_results(list(results)) if results else []) + rows_from_db(db)
+        rows = ((rows_from_results(list(results), today) if results else [])
+                + rows_from_db(db, today))
         if not rows:
             raise EngineTermError(f"no profiled-model iteration rows in {list(map(str, results))} "
                                   f"nor in {db_path}'s iterations table; pass bench results JSON")

@@ -32,7 +32,7 @@ from mosaic.graph import MMGraph, ModuleSpec
 from mosaic.hardware import ClusterSpec, GPUSpec
 from mosaic.perf.analytic import AnalyticModel
 from mosaic.perf.base import PerfModel, Work
-from mosaic.perf.engine_term import EngineTerm, plan_features, stored_term
+from mosaic.perf.engine_term import EngineTerm, kernels_of_engine, plan_features, stored_term
 from mosaic.perf.interference import (
     CoSample,
     CoWork,
@@ -190,7 +190,15 @@ class SurfaceSet:
     """Scaling surfaces by module signature, with the calibrated analytic fallback."""
 
     def __init__(self, cluster: ClusterSpec, specs: dict[str, ModuleSpec],
-                 points: dict[str, list[ModulePoint]], sensitivity: dict[str, float]) -> None:
+                 points: dict[str, list[ModulePoint]], sensitivity: dict[str, float],
+                 kernels: dict[str, str] | None = None, prefer: str = "eager") -> None:
+        """`kernels`: signature -> the kernels it was profiled with (absent: eager); `prefer`:
+        the kernels predictions are for. A module without a surface of those kernels uses
+        its eager surface (the engine term absorbs the difference) and is counted in
+        `fallbacks`."""
+        self.kernels = kernels or {}
+        self.prefer = prefer
+        self.fallbacks: set[str] = set()
         self.gpu = cluster.gpu
         self.grid = sm_grid(self.gpu)
         self.analytic = AnalyticModel(cluster)
@@ -205,31 +213,56 @@ class SurfaceSet:
         self._match: dict[ModuleSpec, str | None] = {}
 
     @classmethod
-    def from_db(cls, db: ProfileDB, cluster: ClusterSpec) -> SurfaceSet:
-        specs = {r.signature: r.spec for r in db.modules()}
+    def from_db(cls, db: ProfileDB, cluster: ClusterSpec, prefer: str = "eager") -> SurfaceSet:
+        records = db.modules()
+        specs = {r.signature: r.spec for r in records}
         points: dict[str, list[ModulePoint]] = {}
         for p in db.points():
             points.setdefault(p.signature, []).append(p)
-        return cls(cluster, specs, points, _sensitivities(db))
+        return cls(cluster, specs, points, _sensitivities(db),
+                   kernels={r.signature: r.kernels for r in records}, prefer=prefer)
+
+    def _kernels_of(self, sig: str) -> str:
+        return self.kernels.get(sig, "eager")
 
     def _calibrate(self) -> float:
-        """exp(mean log(measured / analytic)) over every measured point with a known spec."""
+        """exp(mean log(measured / analytic)) over the measured points with a known spec, of
+        the preferred kernels where there are any."""
+        sigs = [sig for sig in self.points if sig in self.specs]
+        preferred = [sig for sig in sigs if self._kernels_of(sig) == self.prefer]
         logs = [np.log(p.time_s / self._analytic_s(self.specs[sig], p.per_gpu_batch, p.num_sms))
-                for sig, pts in self.points.items() if sig in self.specs for p in pts]
+                for sig in (preferred or sigs) for p in self.points[sig]]
         return float(np.exp(np.mean(logs))) if logs else 1.0
 
     def _analytic_s(self, spec: ModuleSpec, b: int, k: float) -> float:
         return self.analytic.module_time_s(spec, b, k / self.gpu.num_sms)
 
     def signature_of(self, spec: ModuleSpec) -> str | None:
-        """Exact cost-fact match, else a module of the same shape within 2% (other torch)."""
+        """The preferred kernels' surface, else the eager one; each by exact cost-fact match,
+        else a module of the same shape within 2% (other torch)."""
         if spec not in self._match:
-            sig = module_signature(spec)
-            if sig not in self.surfaces:
-                sig = next((s for s, other in self.specs.items()
-                            if s in self.surfaces and _close(spec, other)), None)
+            sig = self._match_kernels(spec, self.prefer)
+            if sig is None and self.prefer != "eager":
+                sig = self._match_kernels(spec, "eager")
+                if sig is not None:
+                    self.fallbacks.add(spec.name)
             self._match[spec] = sig
         return self._match[spec]
+
+    def _match_kernels(self, spec: ModuleSpec, kernels: str) -> str | None:
+        sig = module_signature(spec, kernels)
+        if sig in self.surfaces:
+            return sig
+        return next((s for s, other in self.specs.items() if s in self.surfaces
+                     and self._kernels_of(s) == kernels and _close(spec, other)), None)
+
+    def batch_range(self, spec: ModuleSpec) -> tuple[int, int] | None:
+        """(smallest, largest) per-GPU batch measured for this module (None: not profiled)."""
+        sig = self.signature_of(spec)
+        if sig is None:
+            return None
+        batches = [p.per_gpu_batch for p in self.points[sig]]
+        return min(batches), max(batches)
 
     def row(self, spec: ModuleSpec, per_gpu_batch: int) -> np.ndarray:
         """Times over the SM grid, non-increasing (a quota can always be left partly idle)."""
@@ -305,7 +338,7 @@ class ProfiledModel(PerfModel):
         db = _open(db, cluster)
         try:
             self.db_path = db.path
-            self.surfaces = SurfaceSet.from_db(db, cluster)
+            self.surfaces = SurfaceSet.from_db(db, cluster, kernels_of_engine(engine))
             fits = {f.name: f for f in db.fits()}
             self.stored_error = {name: f.mape for name, f in fits.items()}
             stored = _stored_params(fits.get(f"model_error.{interference}"), interference)
@@ -333,10 +366,33 @@ class ProfiledModel(PerfModel):
                   else "default coefficients")
         err = self.stored_error.get(f"model_error.{p.variant}")
         err_s = f", held-out coloc MAPE {err:.1f}%" if err is not None else ""
-        return (f"profiled ({self.db_path.name}: {len(s.surfaces)} measured modules; "
+        preferred = sum(1 for sig in s.surfaces if s.kernels.get(sig, "eager") == s.prefer)
+        return (f"profiled ({self.db_path.name}: {preferred} measured {s.prefer} modules of "
+                f"{len(s.surfaces)}; "
                 f"interference={p.variant} [{coef}], {fitted}{err_s}; modules not in the DB: "
                 f"analytic x {s.calibration:.3g} per-GPU calibration; {self.comm_summary()}; "
                 f"{self._engine_summary()})")
+
+    def coverage_notes(self, plan: Plan, graph: MMGraph) -> list[str]:
+        """Where `plan`'s prediction leaves the measurements: a per-GPU batch outside a module's
+        measured range (the surface extrapolates), a module with no surface of the engine's
+        kernels (its eager one stands in) or none at all (calibrated analytic)."""
+        notes = []
+        for stage in plan.stages:
+            for p in stage.placements:
+                spec = graph.module(p.module)
+                batch = graph.global_batch // p.dp_degree
+                measured = self.surfaces.batch_range(spec)
+                if measured is None:
+                    notes.append(f"{p.module}: not profiled; analytic x {self.surfaces.calibration:.3g}")
+                    continue
+                if not measured[0] <= batch <= measured[1]:
+                    notes.append(f"{p.module}: per-GPU batch {batch} is outside the measured "
+                                 f"{measured[0]}..{measured[1]}; its time is extrapolated")
+                if spec.name in self.surfaces.fallbacks:
+                    notes.append(f"{p.module}: no {self.surfaces.prefer} surface; the eager "
+                                 "one stands in")
+        return notes
 
     def _engine_summary(self) -> str:
         if self.engine_term is not None:
@@ -363,18 +419,32 @@ class ProfiledModel(PerfModel):
 
     def coworks(self, works: Sequence[Work], sharing: str) -> list[CoWork]:
         gpu = self.cluster.gpu
-        return [self.surfaces.cowork(w.module, w.per_gpu_batch,
-                                     gpu.num_sms if sharing == "free" else gpu.round_sms(w.sm_share),
-                                     w.priority) for w in works]
+        return [self._tp_shard(w, self.surfaces.cowork(
+            w.module, w.per_gpu_batch, gpu.num_sms if sharing == "free" else gpu.round_sms(w.sm_share),
+            w.priority)) for w in works]
+
+    def _tp_shard(self, w: Work, cowork: CoWork) -> CoWork:
+        """A TP shard's curve: the replica's surface / t plus the TP all-reduces (work_time_s),
+        and 1/t of its bytes."""
+        t = w.tensor_parallel
+        if t == 1:
+            return cowork
+        comm_s = self.tp_comm_s(w.module, w.per_gpu_batch, t)
+        return replace(cowork, times=tuple(x / t + comm_s for x in cowork.times),
+                       memory_s=cowork.memory_s / t)
 
     def colocated_time_s(self, works: Sequence[Work], sharing: str) -> float:
         if len(works) == 1 or sharing == "temporal":
-            return sum(self.module_time_s(w.module, w.per_gpu_batch, 1.0) for w in works)
+            return sum(self.work_time_s(w, 1.0) for w in works)
         return group_time_s(self.params, self.coworks(works, sharing), sharing)
 
     # --- communication: measured curves, ring-scaled to other GPU counts, else analytic -------
     def allreduce_s(self, num_bytes: float, gpus: Sequence[int]) -> float:
         return self._comm_s("allreduce", num_bytes, list(gpus))[0]
+
+    def collective_s(self, kind: str, num_bytes: float, gpus: Sequence[int]) -> float:
+        """All-gather / reduce-scatter from the measured curves (sharded placements)."""
+        return self._comm_s(kind, num_bytes, list(gpus))[0]
 
     def transfer_s(self, num_bytes: float, src_gpus: Sequence[int], dst_gpus: Sequence[int]) -> float:
         if num_bytes <= 0 or list(src_gpus) == list(dst_gpus):

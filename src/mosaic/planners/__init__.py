@@ -14,7 +14,7 @@ from mosaic.planners.gahc import plan_gahc
 from mosaic.planners.megatron import plan_megatron
 from mosaic.planners.mosaic import MosaicPlannerConfig, plan_mosaic
 from mosaic.planners.spindle import plan_spindle
-from mosaic.planners.variants import plan_mosaic_partition, plan_mosaic_unaware
+from mosaic.planners.variants import plan_mosaic_partition, plan_mosaic_tp, plan_mosaic_unaware
 
 Planner = Callable[[MMGraph, ClusterSpec, PerfModel], Plan]
 
@@ -27,6 +27,7 @@ PLANNERS: dict[str, Planner] = {
     "gahc": plan_gahc,
     "mosaic-partition": plan_mosaic_partition,  # ablation: the paper's plan space
     "mosaic-unaware": plan_mosaic_unaware,  # ablation: no interference term
+    "mosaic-tp": plan_mosaic_tp,  # also tensor parallelism where predicted faster
 }
 
 __all__ = ["PLANNERS", "MosaicPlannerConfig", "get_planner", "make_plan", "plan_all",

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from mosaic.plan import Placement, Plan, PlanError, Stage, gpu_memory_bytes
+from mosaic.plan import Placement, Plan, PlanError, Stage, gpu_memory_bytes, memory_fix
 from mosaic.planners.common import INF, Block, SearchSpace, StageChoice
 
 Placed = list[tuple[Block, tuple[int, ...]]]
@@ -74,7 +74,9 @@ def _stage(space: SearchSpace, sharing: str, placed: Placed) -> Stage:
         critical = space.critical_module(block.modules, block.size, sharing)
         for m, share in zip(block.modules, block.sm_shares, strict=True):
             placements.append(Placement(module=m, gpus=gpus, sm_share=share,
-                                        priority=int(m == critical)))
+                                        priority=int(m == critical),
+                                        tensor_parallel=space.tp_of(m),
+                                        shard=space.shards(m, block.size)))
     return Stage(placements=tuple(placements), sharing=sharing)
 
 
@@ -100,8 +102,8 @@ def fitting_plan(space: SearchSpace, stages: Sequence[StageChoice], planner: str
         names = sorted({p.module for s in plan.stages for p in s.placements if gpu in p.gpus})
         raise PlanError(
             f"{planner}: GPU {gpu} holds {names} and needs {excess / 2**30:.1f} GiB more than the "
-            f"{space.budget_bytes / 2**30:.1f} GiB usable on {space.cluster.gpu.name}; use more "
-            "GPUs or lower global_batch"
+            f"{space.budget_bytes / 2**30:.1f} GiB usable on {space.cluster.gpu.name}; "
+            f"{memory_fix(plan, space.graph, gpu, excess)}"
         )
     return plan
 
@@ -121,17 +123,18 @@ class PlanCoster:
 
     def __init__(self, space: SearchSpace) -> None:
         self.space = space
-        self._placed: dict[StageChoice, tuple[dict[str, tuple[int, ...]], tuple[float, ...], tuple[int, ...]]] = {}
+        self._placed: dict[StageChoice, tuple[dict[str, tuple[int, ...]], tuple[float, ...], tuple[float, ...]]] = {}
 
-    def placed(self, stage: StageChoice) -> tuple[dict[str, tuple[int, ...]], tuple[float, ...], tuple[int, ...]]:
+    def placed(self, stage: StageChoice) -> tuple[dict[str, tuple[int, ...]], tuple[float, ...], tuple[float, ...]]:
         """GPU ids per module, and bytes and parameters per GPU, of the canonical placement."""
         if stage not in self._placed:
-            used, params = [0.0] * self.space.num_gpus, [0] * self.space.num_gpus
+            used, params = [0.0] * self.space.num_gpus, [0.0] * self.space.num_gpus
             gpus = {}
             for block, ids in place_stage(self.space, stage):
                 for g in ids:
                     used[g] += sum(self.space.module_bytes(m, block.size) for m in block.modules)
-                    params[g] += sum(self.space.specs[m].num_params for m in block.modules)
+                    params[g] += sum(self.space.optimizer_params(m, block.size)
+                                     for m in block.modules)
                 gpus.update((m, ids) for m in block.modules)
             self._placed[stage] = (gpus, tuple(used), tuple(params))
         return self._placed[stage]
@@ -141,7 +144,7 @@ class PlanCoster:
         gpus = {m: ids for s in stages for m, ids in self.placed(s)[0].items()}
         total = 0.0
         for src, dst in space.graph.edges:
-            total += space.placed_transfer_s(src, gpus[src], gpus[dst])
+            total += space.placed_transfer_s(src, dst, gpus[src], gpus[dst])
         return total
 
     def optimizer_s(self, stages: Sequence[StageChoice]) -> float:

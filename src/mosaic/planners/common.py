@@ -7,6 +7,9 @@ plans are comparable:
 - a stage has one sharing mode and a set of *blocks*: a block is a run of `size` GPUs on
   which a group of modules is colocated, each module replicated on every GPU of the block
   (DP degree = size, a divisor of the global batch); blocks of a stage are disjoint;
+- a module may be tensor-parallel (mosaic.tensor_parallel): one degree t per module for the
+  whole search (`SearchSpace.tp`), its replicas then span t GPUs of the block (DP degree =
+  size / t); by default t is 1, or the least degree that lets a too-big module fit;
 - partition / cap shares come from a grid: multiples of the hardware's SM granularity, or
   of a coarser `sm_step`, plus 1.0 (a whole GPU / uncapped).
 
@@ -18,10 +21,12 @@ which ids a block gets.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
-from mosaic.graph import MMGraph
+from mosaic import sharding
+from mosaic import tensor_parallel as tp
+from mosaic.graph import MMGraph, ModuleSpec
 from mosaic.hardware import ClusterSpec
 from mosaic.perf.base import GRAD_BYTES_PER_PARAM, PerfModel, Work
 from mosaic.plan import MEMORY_MARGIN, PlanError
@@ -80,9 +85,13 @@ class SearchSpace:
     """
 
     def __init__(self, graph: MMGraph, cluster: ClusterSpec, perf: PerfModel,
-                 sm_step: float | None = None, use_cache: bool = True) -> None:
+                 sm_step: float | None = None, use_cache: bool = True,
+                 tensor_parallel: Mapping[str, int] | None = None) -> None:
+        """`tensor_parallel`: module -> TP degree for the search (absent: 1); None: 1, or the
+        least degree a module that fits no GPU otherwise needs (`needed_tensor_parallel`)."""
         self.graph, self.cluster, self.perf = graph, cluster, perf
         self.num_gpus = cluster.num_gpus
+        self.tp: dict[str, int] = {}
         self.sizes = tuple(k for k in range(1, self.num_gpus + 1) if graph.global_batch % k == 0)
         self.shares = share_grid(cluster, sm_step)
         self.share_sms = tuple(cluster.gpu.round_sms(s) for s in self.shares)
@@ -97,6 +106,57 @@ class SearchSpace:
         self.use_cache = use_cache
         self.evaluations = 0
         self._cache: dict[tuple, float] = {}
+        self.sharded: frozenset[str] = frozenset()
+        """Modules whose states are sharded wherever that saves memory (`set_sharded`)."""
+        self.set_tensor_parallel(needed_tensor_parallel(self) if tensor_parallel is None
+                                 else tensor_parallel)
+
+    # --- tensor parallelism: one degree per module for the whole search ----------------------
+    def set_tensor_parallel(self, degrees: Mapping[str, int]) -> None:
+        """Search with these TP degrees (absent: 1); memoised answers are dropped."""
+        self.tp = {m: t for m, t in degrees.items() if t > 1}
+        everyone = {k for m in self.graph.names for k in self.sizes_of(m)}
+        self.sizes = tuple(sorted(everyone))
+        self._bytes.clear()
+        self._transfers.clear()
+        self._cache.clear()
+
+    def tp_of(self, name: str) -> int:
+        return self.tp.get(name, 1)
+
+    def sizes_of(self, name: str) -> tuple[int, ...]:
+        """Block sizes the module can take: whole replicas, a DP degree dividing the batch."""
+        t = self.tp_of(name)
+        return tuple(k for k in range(t, self.num_gpus + 1, t) if self.graph.global_batch % (k // t) == 0)
+
+    def can_take(self, name: str, size: int) -> bool:
+        t = self.tp_of(name)
+        return size % t == 0 and self.graph.global_batch % (size // t) == 0
+
+    def batch_of(self, name: str, size: int) -> int:
+        """The module's replica batch on a `size`-GPU block (global batch / DP degree)."""
+        return self.graph.global_batch // (size // self.tp_of(name))
+
+    # --- sharded states (mosaic.sharding): one set of modules for the whole search -----------
+    def set_sharded(self, modules: Collection[str]) -> None:
+        """Search with these modules' states sharded wherever that saves memory (the
+        planners try it when a plan does not fit: planners.shard_fallback); memoised answers
+        are dropped."""
+        self.sharded = frozenset(modules)
+        self._bytes.clear()
+        self._cache.clear()
+
+    def shards(self, name: str, size: int) -> bool:
+        """Whether the module's states are sharded on a `size`-GPU block: it is in the sharded
+        set, data-parallel without TP over >= 2 GPUs, and sharding saves memory there."""
+        return (name in self.sharded and self.tp_of(name) == 1 and size >= 2
+                and sharding.saves_memory(self.specs[name], size))
+
+    def optimizer_params(self, name: str, size: int) -> float:
+        """Parameters one GPU of a `size`-GPU block steps for the module: a TP shard's 1/t,
+        a sharded module's 1/DP."""
+        share = self.tp_of(name) * (size if self.shards(name, size) else 1)
+        return self.specs[name].num_params / share
 
     # --- memoised performance-model questions ---------------------------------------------
     def _memo(self, key: tuple, compute) -> float:
@@ -112,29 +172,43 @@ class SearchSpace:
         return self.graph.global_batch // size
 
     def module_s(self, name: str, size: int, share: float = 1.0) -> float:
-        """The module alone on `share` of one GPU of a `size`-GPU block."""
-        spec, b = self.specs[name], self.per_gpu_batch(size)
-        return self._memo(("m", name, size, share), lambda: self.perf.module_time_s(spec, b, share))
+        """The module alone on `share` of one GPU of a `size`-GPU block (inf: it cannot take
+        that size); a TP shard's time when the module is tensor-parallel."""
+        if not self.can_take(name, size):
+            return INF
+        spec, b, t = self.specs[name], self.batch_of(name, size), self.tp_of(name)
+        if t == 1:
+            return self._memo(("m", name, size, share), lambda: self.perf.module_time_s(spec, b, share))
+        return self._memo(("m", name, size, share),
+                          lambda: self.perf.work_time_s(Work(spec, b, share, 0, t), share))
 
     def allreduce_s(self, name: str, size: int) -> float:
-        """Gradient all-reduce over a block placed inside as few nodes as it needs."""
-        num_bytes = self.specs[name].num_params * GRAD_BYTES_PER_PARAM
+        """Gradient all-reduce over a block placed inside as few nodes as it needs (a TP
+        module's: each shard's gradients over the GPUs holding it, one per replica; a sharded
+        module's all-gathers and reduce-scatter instead: PerfModel.sharded_sync_s)."""
+        if self.shards(name, size):
+            return self._memo(("sharded", name, size), lambda: self.perf.sharded_sync_s(
+                self.specs[name], tuple(range(size))))
+        t = self.tp_of(name)
+        num_bytes = self.specs[name].num_params / t * GRAD_BYTES_PER_PARAM
         return self._memo(("ar", name, size),
-                          lambda: self.perf.allreduce_s(num_bytes, tuple(range(size))))
+                          lambda: self.perf.allreduce_s(num_bytes, tuple(range(0, size, t))))
 
     def block_s(self, modules: Sequence[str], size: int, sharing: str,
                 shares: Sequence[float] | None = None) -> float:
         """Compute time of a colocated group on each GPU of its block (all GPUs are alike)."""
         shares = tuple(shares) if shares is not None else (1.0,) * len(modules)
+        if not all(self.can_take(m, size) for m in modules):
+            return INF
         key = ("b", tuple(modules), size, sharing, shares)
         return self._memo(key, lambda: self.perf.colocated_time_s(
             self.works(modules, size, sharing, shares), sharing))
 
     def works(self, modules: Sequence[str], size: int, sharing: str,
               shares: Sequence[float]) -> list[Work]:
-        b = self.per_gpu_batch(size)
         critical = self.critical_module(modules, size, sharing)
-        return [Work(self.specs[m], b, s, int(m == critical)) for m, s in zip(modules, shares, strict=True)]
+        return [Work(self.specs[m], self.batch_of(m, size), s, int(m == critical), self.tp_of(m))
+                for m, s in zip(modules, shares, strict=True)]
 
     def critical_module(self, modules: Sequence[str], size: int, sharing: str) -> str | None:
         """High stream priority goes to the longest module of a concurrent (free/cap) group."""
@@ -142,20 +216,22 @@ class SearchSpace:
             return None
         return max(modules, key=lambda m: self.module_s(m, size))
 
-    def edge_transfer_s(self, src: str, src_size: int, dst_size: int) -> float:
+    def edge_transfer_s(self, src: str, dst: str, src_size: int, dst_size: int) -> float:
         """Activations of `src` forward and their gradients back between two blocks placed
         from GPU 0 (the same set when the sizes match: nothing moves)."""
         if src_size == dst_size:
             return 0.0
-        num_bytes = self.specs[src].output_bytes_per_sample * self.graph.global_batch
-        return self._memo(("tr", src, src_size, dst_size), lambda: 2 * self.perf.transfer_s(
-            num_bytes, tuple(range(src_size)), tuple(range(dst_size))))
+        return self.placed_transfer_s(src, dst, tuple(range(src_size)), tuple(range(dst_size)))
 
-    def placed_transfer_s(self, src: str, src_gpus: tuple[int, ...], dst_gpus: tuple[int, ...]) -> float:
-        """Activations of `src` forward and gradients back between two concrete GPU sets."""
+    def placed_transfer_s(self, src: str, dst: str, src_gpus: tuple[int, ...],
+                          dst_gpus: tuple[int, ...]) -> float:
+        """Activations of `src` forward and gradients back between two concrete GPU sets
+        (as `PerfModel.edge_transfer_s`: a TP end's every GPU gets its replica's share)."""
         num_bytes = self.specs[src].output_bytes_per_sample * self.graph.global_batch
-        return self._memo(("xfer", src, src_gpus, dst_gpus),
-                          lambda: 2 * self.perf.transfer_s(num_bytes, src_gpus, dst_gpus))
+        t_src, t_dst = self.tp_of(src), self.tp_of(dst)
+        return self._memo(("xfer", src, dst, src_gpus, dst_gpus), lambda: (
+            self.perf.transfer_s(num_bytes * t_dst, src_gpus, dst_gpus)
+            + self.perf.transfer_s(num_bytes * t_src, src_gpus, dst_gpus)))
 
     def layout_penalty_s(self, modules: Sequence[str], size: int) -> float:
         """What a group's layout costs outside its stage: its estimated activation transfers."""
@@ -170,8 +246,8 @@ class SearchSpace:
         key = (m, size)
         if key not in self._transfers:
             big = self.sizes[-1]
-            out = sum(self.edge_transfer_s(m, size, big) for _ in self._succ[m])
-            into = sum(self.edge_transfer_s(p, big, size) for p in self._pred[m])
+            out = sum(self.edge_transfer_s(m, s, size, big) for s in self._succ[m])
+            into = sum(self.edge_transfer_s(p, m, big, size) for p in self._pred[m])
             self._transfers[key] = TRANSFER_CHARGE * (out + into)
         return self._transfers[key]
 
@@ -179,12 +255,17 @@ class SearchSpace:
     def module_bytes(self, name: str, size: int) -> float:
         key = (name, size)
         if key not in self._bytes:
-            spec = self.specs[name]
-            self._bytes[key] = spec.static_bytes + spec.activation_bytes_per_sample * self.per_gpu_batch(size)
+            t = self.tp_of(name)
+            batch = self.graph.global_batch // max(1, size // t)
+            self._bytes[key] = tp.bytes_per_gpu(self.specs[name], batch, t)
+            if self.shards(name, size):  # as plan.gpu_memory_bytes
+                spec = self.specs[name]
+                self._bytes[key] += sharding.state_bytes(spec, size, shard=True) - spec.static_bytes
         return self._bytes[key]
 
     def fits(self, modules: Sequence[str], size: int) -> bool:
-        return sum(self.module_bytes(m, size) for m in modules) <= self.block_budget_bytes
+        return (all(self.can_take(m, size) for m in modules)
+                and sum(self.module_bytes(m, size) for m in modules) <= self.block_budget_bytes)
 
     # --- stage cost from a finished structure --------------------------------------------
     def stage_time_s(self, sharing: str, blocks: Sequence[Block]) -> float:
@@ -200,22 +281,70 @@ class SearchSpace:
         return sum(gpu.round_sms(s) for s in shares) <= gpu.num_sms
 
 
+def needed_tensor_parallel(space: SearchSpace) -> dict[str, int]:
+    """Per module, the least TP degree (mosaic.tensor_parallel.degrees) with which it fits a
+    GPU at its largest DP degree; modules that fit without TP, or fit no degree, get 1."""
+    budget, batch, chosen = space.budget_bytes, space.graph.global_batch, {}
+    for spec in space.graph.modules:
+        for t in tp.degrees(spec, space.cluster):
+            sizes = [k for k in range(t, space.num_gpus + 1, t) if batch % (k // t) == 0]
+            if sizes and tp.bytes_per_gpu(spec, batch // (sizes[-1] // t), t) <= budget:
+                chosen[spec.name] = t
+                break
+    return chosen
+
+
+def faster_tensor_parallel(space: SearchSpace) -> dict[str, int]:
+    """Per module, the TP degree (at least the one it has) under which it alone is fastest at
+    its best fitting GPU count: the shard's compute + TP all-reduces + gradient all-reduce.
+    A candidate for the search (the whole plan decides), e.g. an LLM whose global batch
+    leaves data parallelism GPUs it cannot use."""
+    chosen = dict(space.tp)
+    for spec in space.graph.modules:
+        options = [t for t in tp.degrees(spec, space.cluster) if t >= space.tp_of(spec.name)]
+        if len(options) > 1:
+            chosen[spec.name] = min(options, key=lambda t: _alone_best_s(space, spec, t))
+    return {m: t for m, t in chosen.items() if t > 1}
+
+
+def _alone_best_s(space: SearchSpace, spec: ModuleSpec, t: int) -> float:
+    batch, best = space.graph.global_batch, INF
+    for k in range(t, space.num_gpus + 1, t):
+        if batch % (k // t) or tp.bytes_per_gpu(spec, batch // (k // t), t) > space.budget_bytes:
+            continue
+        work = Work(spec, batch // (k // t), 1.0, 0, t)
+        reduce_s = space.perf.allreduce_s(spec.num_params / t * GRAD_BYTES_PER_PARAM,
+                                          tuple(range(0, k, t)))
+        best = min(best, space.perf.work_time_s(work, 1.0) + reduce_s)
+    return best
+
+
 def check_modules_fit(space: SearchSpace) -> None:
     """A module whose weights, optimizer state and activations fit no GPU even at its largest
-    DP degree can never be placed: say which, by how much, and what to change."""
+    DP degree (and TP degree) can never be placed: say which, by how much, what to change."""
     gib = 2**30
     for name in space.graph.names:
-        size = space.sizes[-1]
+        size, t = space.sizes_of(name)[-1], space.tp_of(name)
         need = space.module_bytes(name, size)
         if need > space.budget_bytes:
             spec = space.specs[name]
+            static = spec.static_bytes / t
+            most = max(tp.degrees(spec, space.cluster))
+            tp_note = (f" with tensor_parallel={t}" if t > 1 else
+                       "" if most == 1 else f" (tensor parallelism up to {most} was tried)")
+            fix = "lower global_batch, use more GPUs or a smaller module"
+            if space.shards(name, size):
+                static = sharding.state_bytes(spec, size, shard=True)
+                tp_note += f" with its states sharded over {size} GPUs"
+            elif t == 1 and need - sharding.saved_bytes(spec, size) <= space.budget_bytes:
+                fix = (f"shard the states of module {name!r} over {size} GPUs (the mosaic and "
+                       f"baseline planners do when nothing fits otherwise), or {fix}")
             raise PlanError(
-                f"module {name!r} needs {need / gib:.1f} GiB per GPU even at DP {size} "
-                f"({spec.static_bytes / gib:.1f} GiB weights + optimizer state, "
-                f"{(need - spec.static_bytes) / gib:.1f} GiB activations) but only "
+                f"module {name!r} needs {need / gib:.1f} GiB per GPU even at DP {size // t}{tp_note} "
+                f"({static / gib:.1f} GiB weights + optimizer state, "
+                f"{(need - static) / gib:.1f} GiB activations) but only "
                 f"{space.budget_bytes / gib:.1f} GiB is usable on {space.cluster.gpu.name}: "
-                f"{(need - space.budget_bytes) / gib:.1f} GiB too much; lower global_batch, "
-                "use more GPUs or a smaller module"
+                f"{(need - space.budget_bytes) / gib:.1f} GiB too much; {fix}"
             )
 
 

@@ -8,17 +8,21 @@ from mosaic.perf.base import PerfModel
 from mosaic.plan import Plan
 from mosaic.planners.assembly import finish, fitting_plan
 from mosaic.planners.common import SearchSpace, check_modules_fit
+from mosaic.planners.shard_fallback import plan_sharding_if_needed
 from mosaic.planners.sizing import stage_of_singletons
 
 
 def megatron_stages(space: SearchSpace) -> list:
     """One temporal stage per module in topological order, each on the largest DP degree
-    that divides the batch (all GPUs when the batch allows)."""
-    size = space.sizes[-1]
-    return [stage_of_singletons(space, [m], "temporal", [size]) for m in space.graph.topo_order()]
+    that divides the batch (all GPUs when the batch allows; whole TP replicas)."""
+    return [stage_of_singletons(space, [m], "temporal", [space.sizes_of(m)[-1]])
+            for m in space.graph.topo_order()]
 
 
 def plan_megatron(graph: MMGraph, cluster: ClusterSpec, perf: PerfModel) -> Plan:
-    space = SearchSpace(graph, cluster, perf)
+    return plan_sharding_if_needed(SearchSpace(graph, cluster, perf), _plan_in)
+
+
+def _plan_in(space: SearchSpace) -> Plan:
     check_modules_fit(space)
     return finish(fitting_plan(space, megatron_stages(space), "megatron"), space)

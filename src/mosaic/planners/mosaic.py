@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from itertools import product
 
@@ -33,10 +33,17 @@ from mosaic.hardware import ClusterSpec
 from mosaic.perf.base import PerfModel
 from mosaic.plan import Plan, PlanError
 from mosaic.planners.assembly import PlanCoster, finish, fitting_plan
-from mosaic.planners.common import INF, SearchSpace, StageChoice, check_modules_fit
+from mosaic.planners.common import (
+    INF,
+    SearchSpace,
+    StageChoice,
+    check_modules_fit,
+    faster_tensor_parallel,
+)
 from mosaic.planners.distmm import distmm_stages
 from mosaic.planners.lower import StageSolver, symmetry_classes
 from mosaic.planners.megatron import megatron_stages
+from mosaic.planners.shard_fallback import plan_sharding_if_needed
 from mosaic.planners.spindle import spindle_stages
 
 
@@ -62,8 +69,16 @@ class MosaicPlannerConfig:
     """A colocating plan must be predicted this fraction faster than the best baseline, or the
     baseline is returned: on the H200 a 0.5% predicted gain measured 1.5% slower (qwen3-vl),
     inside the model's held-out error. Never slower than a baseline beats a sliver faster."""
+    tensor_parallel: str = "needed"
+    """'needed': tensor parallelism only for a module that fits no GPU without it (as every
+    planner); 'faster': also search with each TP-able module at the degree under which it alone
+    is fastest, keeping the faster plan (planner `mosaic-tp`). Not the default: the engine runs
+    TP modules eagerly (no compile, no CUDA graphs), which the TP cost model does not price,
+    `mosaic bench` does not run TP plans yet, and TP is not measured on a GPU yet."""
 
     def __post_init__(self) -> None:
+        if self.tensor_parallel not in ("needed", "faster"):
+            raise PlanError(f"tensor_parallel={self.tensor_parallel!r}: use 'needed' or 'faster'")
         if self.sm_step is not None and not 0 < self.sm_step <= 1:
             raise PlanError(f"sm_step={self.sm_step} must be in (0, 1] (or None for the hardware grid)")
         if not 0 <= self.min_gain < 1:
@@ -83,14 +98,24 @@ EXACT_COMBINATIONS = 64
 
 def plan_mosaic(graph: MMGraph, cluster: ClusterSpec, perf: PerfModel,
                 config: MosaicPlannerConfig | None = None) -> Plan:
-    """The fastest plan the search predicts (meta: search_time_s, evaluations, the winner)."""
+    """The fastest plan the search predicts (meta: search_time_s, evaluations, the winner);
+    with some modules' states sharded when nothing fits without (planners.shard_fallback)."""
     config = config or MosaicPlannerConfig()
     start = time.perf_counter()
     space = SearchSpace(graph, cluster, perf, config.sm_step)
+    chosen = plan_sharding_if_needed(space, lambda s: search_plan(s, config, start))
+    if config.tensor_parallel == "faster":
+        chosen = with_faster_tensor_parallel(space, chosen, lambda s: search_plan(s, config, start))
+    chosen = with_micro_batch_overlap(chosen, graph, cluster, perf, config.min_gain)
+    return never_slower_than_baselines(chosen, graph, cluster, perf, config.min_gain)
+
+
+def search_plan(space: SearchSpace, config: MosaicPlannerConfig, start: float) -> Plan:
+    """The two-level search in one space: its fastest candidate that fits, validated."""
     check_modules_fit(space)
     coster = PlanCoster(space)
     solver = StageSolver(space, config.exact_stage_modules)
-    upper = UpperSearch(space, solver, config, start + config.time_limit_s)
+    upper = UpperSearch(space, solver, config, time.perf_counter() + config.time_limit_s)
     groupings = upper.candidates()
     candidates = {f"mosaic-{upper.method}-{i}": best_layouts(solver, coster, g)
                   for i, g in enumerate(groupings)}
@@ -106,10 +131,26 @@ def plan_mosaic(graph: MMGraph, cluster: ClusterSpec, perf: PerfModel,
     meta = {"search_time_s": time.perf_counter() - start, "evaluations": space.evaluations,
             "stage_solves": solver.solves, "upper_level": upper.method, "chosen_from": name,
             "sm_step": config.sm_step, "min_gain": config.min_gain}
-    chosen = finish(Plan(model=plan.model, planner="mosaic", num_gpus=plan.num_gpus,
-                         stages=plan.stages, perf_model=plan.perf_model, meta=meta), space)
-    chosen = with_micro_batch_overlap(chosen, graph, cluster, perf, config.min_gain)
-    return never_slower_than_baselines(chosen, graph, cluster, perf, config.min_gain)
+    return finish(Plan(model=plan.model, planner="mosaic", num_gpus=plan.num_gpus,
+                       stages=plan.stages, perf_model=plan.perf_model, meta=meta), space)
+
+
+def with_faster_tensor_parallel(space: SearchSpace, chosen: Plan,
+                                plan_in: Callable[[SearchSpace], Plan]) -> Plan:
+    """Search once more with the TP degrees under which TP-able modules alone are fastest
+    (`faster_tensor_parallel`), when they differ from the ones searched; keep the faster plan
+    (MosaicPlannerConfig.tensor_parallel='faster')."""
+    faster = faster_tensor_parallel(space)
+    if faster == space.tp:
+        return chosen
+    space.set_tensor_parallel(faster)
+    try:
+        alternative = plan_in(space)
+    except PlanError:
+        return chosen
+    if alternative.predicted_iteration_s < chosen.predicted_iteration_s:
+        return alternative
+    return chosen
 
 
 def with_micro_batch_overlap(plan: Plan, graph: MMGraph, cluster: ClusterSpec, perf: PerfModel,

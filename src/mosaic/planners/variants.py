@@ -4,6 +4,8 @@
   partitions (no free streams, no caps, no back-to-back colocation on a GPU).
 - `mosaic-unaware`: plans chosen by the interference-unaware profiled model (the paper's
   ablation of its non-linear interference term).
+- `mosaic-tp`: the other way, a larger world: mosaic that also tries tensor parallelism where
+  the model predicts it faster (MosaicPlannerConfig.tensor_parallel='faster').
 
 Both search with a restricted model, then the chosen plan's prediction comes from the model
 the caller passed, so the ablation compares plans, not models.
@@ -19,7 +21,7 @@ from mosaic.graph import MMGraph, ModuleSpec
 from mosaic.hardware import ClusterSpec
 from mosaic.perf.base import PerfModel, Work
 from mosaic.plan import Plan, PlanError
-from mosaic.planners.mosaic import plan_mosaic
+from mosaic.planners.mosaic import MosaicPlannerConfig, plan_mosaic
 
 
 class OnlyModes(PerfModel):
@@ -42,6 +44,9 @@ class OnlyModes(PerfModel):
     def allreduce_s(self, num_bytes: float, gpus: Sequence[int]) -> float:
         return self.inner.allreduce_s(num_bytes, gpus)
 
+    def collective_s(self, kind: str, num_bytes: float, gpus: Sequence[int]) -> float:
+        return self.inner.collective_s(kind, num_bytes, gpus)
+
     def transfer_s(self, num_bytes: float, src_gpus: Sequence[int], dst_gpus: Sequence[int]) -> float:
         return self.inner.transfer_s(num_bytes, src_gpus, dst_gpus)
 
@@ -63,3 +68,8 @@ def plan_mosaic_unaware(graph: MMGraph, cluster: ClusterSpec, perf: PerfModel) -
         raise PlanError("mosaic-unaware needs the profiled performance model (--perf-model profiled)")
     unaware = ProfiledModel(cluster, perf.db_path, interference="unaware")
     return _relabel(plan_mosaic(graph, cluster, unaware), "mosaic-unaware", graph, perf)
+
+
+def plan_mosaic_tp(graph: MMGraph, cluster: ClusterSpec, perf: PerfModel) -> Plan:
+    plan = plan_mosaic(graph, cluster, perf, MosaicPlannerConfig(tensor_parallel="faster"))
+    return replace(plan, planner="mosaic-tp")

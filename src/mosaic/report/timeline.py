@@ -58,7 +58,7 @@ def _gpu_events(stage: int, gpu: int, works, sharing: str, t0: float, perf: Perf
     if sharing == "temporal" or len(works) == 1:
         start = t0
         for w in works:
-            duration = perf.module_time_s(w.module, w.per_gpu_batch, 1.0)
+            duration = perf.work_time_s(w, 1.0)  # a TP shard's too
             yield TimelineEvent(w.module.name, stage, gpu, start, start + duration, 1.0)
             start += duration
         return
@@ -66,7 +66,7 @@ def _gpu_events(stage: int, gpu: int, works, sharing: str, t0: float, perf: Perf
     lane = 0.0
     for w in works:
         share = w.sm_share if sharing in ("partition", "cap") else 1.0 / len(works)
-        alone = perf.module_time_s(w.module, w.per_gpu_batch, w.sm_share if sharing != "free" else 1.0)
+        alone = perf.work_time_s(w, w.sm_share if sharing != "free" else 1.0)
         duration = min(group_s, alone) if sharing != "partition" else group_s
         yield TimelineEvent(w.module.name, stage, gpu, t0, t0 + duration, share, lane)
         lane = min(1.0, lane + share)

@@ -8,6 +8,8 @@ Calling convention (the engine relies on it)
 * `make_inputs(preset, batch_size, generator, device)` returns, for EVERY module, the tuple of
   its own data inputs (empty for modules fed only by other modules). Every tensor has the batch
   on axis 0, so data parallelism shards a batch by slicing axis 0 of each tensor.
+  `make_rows(preset, ranges, step=, seed=, global_batch=)` draws only some rows of a step's
+  batch, each sample from its own seed: the trainer's data (each rank draws its share only).
 * `module(*inputs[name], *[outputs[p] for p in graph.predecessors(name)])`: a module takes its
   own data inputs first, then its predecessors' outputs in edge order.
 * Encoders and embeddings return ONE tensor with the batch on axis 0 ([B, N, D] or [B, D]).
@@ -171,6 +173,34 @@ class ZooModel:
             for name, config in self.preset(preset).modules.items()
         }
 
+    def make_rows(
+        self,
+        preset: str,
+        ranges: Mapping[str, tuple[int, int]] | None,
+        *,
+        step: int,
+        seed: int,
+        global_batch: int,
+    ) -> dict[str, tuple[Tensor, ...]]:
+        """Synthetic rows [start, stop) of each module's own inputs in step `step`'s global
+        batch (None: every module, all rows), on the host. Sample i of a module is drawn from
+        its own generator, seeded by (seed, step, module, i), so that a rank draws only the
+        samples it runs and every split of the batch sees the same ones (`mosaic.data`)."""
+        import torch
+
+        configs = self.preset(preset).modules
+        if ranges is None:
+            ranges = {name: (0, global_batch) for name in configs}
+        out: dict[str, tuple[Tensor, ...]] = {}
+        for name, (start, stop) in ranges.items():
+            samples = [
+                configs[name].make_inputs(1, _sample_generator(seed, step, name, i))
+                for i in range(start, stop)
+            ]
+            if samples and samples[0]:  # modules fed only by other modules have no inputs
+                out[name] = tuple(torch.cat(column) for column in zip(*samples, strict=True))
+        return out
+
     def loss(
         self, modules: Mapping[str, ZooModule], inputs: Mapping[str, tuple[Tensor, ...]]
     ) -> Tensor:
@@ -214,6 +244,17 @@ def _build_one(
             return config.build(in_shapes)
 
 
+def _sample_generator(seed: int, step: int, module: str, sample: int) -> torch.Generator:
+    """The generator of one synthetic sample: a hash of its coordinates, so that samples of
+    nearby steps, indices or seeds are not drawn from related streams."""
+    import hashlib
+
+    import torch
+
+    key = hashlib.blake2b(f"{seed}/{step}/{module}/{sample}".encode(), digest_size=8).digest()
+    return torch.Generator().manual_seed(int.from_bytes(key, "little") >> 1)
+
+
 def _to(t: Tensor, device: Device, dtype: torch.dtype | None) -> Tensor:
     cast = dtype is not None and t.is_floating_point()
     return t.to(device=device, dtype=dtype if cast else t.dtype)
@@ -246,4 +287,5 @@ def _module_spec(
         activation_bytes_per_sample=cost.activation_bytes_per_sample,
         output_bytes_per_sample=cost.output_bytes_per_sample,
         num_kernels=cost.num_kernels,
+        max_tensor_parallel=config.max_tensor_parallel,
     )

@@ -11,6 +11,7 @@ inside `build` and `make_inputs`, the only places that use them.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
@@ -74,6 +75,11 @@ class ModuleConfig:
     def build(self, in_shapes: Sequence[Shape]) -> ZooModule:
         """A randomly initialised module (on the current default device)."""
         raise NotImplementedError
+
+    @property
+    def max_tensor_parallel(self) -> int:
+        """Largest TP degree the built module has a plan for (1: none; see ModuleSpec)."""
+        return 1
 
     def _check(self, ok: bool, message: str) -> None:
         if not ok:
@@ -529,6 +535,11 @@ class LLMConfig(TransformerConfig):
     @property
     def input_shape(self) -> Shape:
         return (self.text_len,)
+
+    @property
+    def max_tensor_parallel(self) -> int:
+        # Attention heads, KV heads and MLP columns split evenly (mosaic.engine.tensor_parallel).
+        return math.gcd(self.num_heads, self.num_kv_heads, self.mlp_dim)
 
     def make_inputs(self, batch_size: int, generator: torch.Generator) -> tuple[Tensor, ...]:
         return (token_ids(self.vocab_size, batch_size, self.text_len, generator),)

@@ -1,0 +1,71 @@
+"""Sharded training states of one data-parallel module: torch's FSDP2 (`fully_shard`) on a
+DeviceMesh over the module's own process group, in place of DDP (mosaic.sharding says what it
+costs, docs/engine.md how it runs).
+
+Units. Each layer (an element of one of the module's nn.ModuleList / nn.ModuleDict containers:
+transformer blocks, adapters, projections) is sharded as one unit, then the module itself,
+which takes the parameters left over (embeddings, norms, heads). FSDP2 all-gathers a unit just
+before it runs and frees it after, so only a few units are whole at once: the memory model of
+mosaic.sharding. A layer with a parameter that also appears elsewhere in the module (tied
+weights) stays in the module's unit: FSDP2 needs each parameter in exactly one unit.
+
+Scale. The engine scales each loss so that gradients SUM over replicas to the gradient of the
+global loss (runner.py), while FSDP2 averages by default. So every unit reduce-scatters with a
+plain SUM and divides only by `divide_by` (the DP degree for a contrastive head, whose replicas
+each compute the full gradient; 1 otherwise), as the DDP hook does (ddp.py). A plain SUM, not
+NCCL's PREMUL_SUM, because gloo has no PREMUL_SUM and the CPU tests run on gloo.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+
+_CONTAINERS = (nn.ModuleList, nn.ModuleDict)
+"""Containers have no forward of their own: FSDP2 unshards a unit in its forward hook, so a
+container cannot be a unit; its elements are."""
+
+
+def shard_module(module: nn.Module, group: Any, device: torch.device, *, divide_by: int = 1,
+                 reduce_dtype: torch.dtype = torch.float32) -> list[nn.Parameter]:
+    """Shard `module` in place over the GPUs of `group` (its parameters become DTensor shards:
+    build the optimizer after this; the module is now also an FSDPModule). Returns the
+    parameters left whole on every GPU, whose gradients the caller must all-reduce: the
+    scalars (a contrastive head's temperature), which fully_shard cannot shard."""
+    mesh = DeviceMesh.from_group(group, device.type)
+    policy = MixedPrecisionPolicy(reduce_dtype=reduce_dtype)  # weights stay fp32 (autocast)
+    whole = [p for p in module.parameters() if p.dim() == 0]
+    for unit in layer_units(module):
+        fully_shard(unit, mesh=mesh, mp_policy=policy, ignored_params=set(whole))
+    fully_shard(module, mesh=mesh, mp_policy=policy, ignored_params=set(whole))
+    for unit in module.modules():
+        if isinstance(unit, FSDPModule):
+            unit.set_gradient_divide_factor(float(divide_by))
+            unit.set_force_sum_reduction_for_comms(True)
+    return whole
+
+
+def layer_units(module: nn.Module) -> list[nn.Module]:
+    """The outermost non-container elements of the module's containers that hold parameters,
+    none of them shared with the rest of the module, in module order."""
+    counts = Counter(id(p) for _, p in module.named_parameters(remove_duplicate=False))
+    units: list[nn.Module] = []
+
+    def visit(parent: nn.Module, in_container: bool) -> None:
+        for child in parent.children():
+            if isinstance(child, _CONTAINERS):
+                visit(child, True)
+            elif in_container and any(True for _ in child.parameters()):
+                if all(counts[id(p)] == 1 for p in child.parameters()):
+                    units.append(child)
+            else:
+                visit(child, False)
+
+    visit(module, False)
+    return units
+

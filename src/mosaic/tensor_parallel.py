@@ -1,0 +1,69 @@
+"""Tensor parallelism (TP): the cost facts the plan, the performance model and the planners share.
+
+A placement with `tensor_parallel = t` cuts its GPUs into groups of t consecutive GPUs. Each
+group holds ONE replica of the module, its weights split Megatron-style (attention heads and
+MLP columns t ways: q/k/v/gate/up column-parallel, o/down row-parallel; the engine applies
+torch's `parallelize_module`, see `mosaic.engine.tensor_parallel`), and every GPU of a group
+sees the same samples. DP degree = len(gpus) // t; gradients are all-reduced over the GPUs that
+hold the same shard (one per group).
+
+What the cost model assumes (counts, not measurements):
+- compute: each GPU of a group runs 1/t of the replica's forward + backward at the replica's
+  batch, i.e. the module's measured (or roofline) time at that batch divided by t;
+- communication: per transformer layer, 2 all-reduces forward (after attention's and the MLP's
+  row-parallel projection) and 2 backward (their column-parallel inputs' gradients), each of
+  the activations [per-GPU batch, tokens, hidden] in bf16, over the TP group (inside a node);
+- memory: weights, gradients and optimizer state / t; activations: Megatron-LM's count without
+  sequence parallelism (Korthikanti et al. 2022): of the 34 bytes a layer keeps per token and
+  hidden unit, 10 (layer-norm inputs, residual stream) stay whole on every GPU of the group and
+  24 split t ways; so (10 + 24 / t) / 34 of the activations.
+"""
+
+from __future__ import annotations
+
+from mosaic.graph import ModuleSpec
+from mosaic.hardware import ClusterSpec
+
+TP_DEGREES = (1, 2, 4, 8)
+"""Degrees the planners consider (an HGX node has 8 GPUs on NVSwitch; TP stays inside a node)."""
+ALLREDUCES_PER_LAYER = 4
+"""Two forward (attention out, MLP out) and two backward (their inputs' gradients)."""
+ACTIVATION_BYTES = 2
+"""TP all-reduces move bf16 activations."""
+REPLICATED_ACTIVATIONS = 10 / 34
+"""Share of a layer's saved activations that every GPU of a TP group keeps whole."""
+
+
+def activation_fraction(tensor_parallel: int) -> float:
+    """Share of the module's activations one GPU of a TP group keeps (1.0 without TP)."""
+    t = tensor_parallel
+    return 1.0 if t == 1 else REPLICATED_ACTIVATIONS + (1 - REPLICATED_ACTIVATIONS) / t
+
+
+def bytes_per_gpu(spec: ModuleSpec, per_gpu_batch: int, tensor_parallel: int = 1) -> float:
+    """Weights + gradients + optimizer state + activations of `spec` on one GPU of its placement,
+    `per_gpu_batch` being the replica's batch (global batch / DP degree)."""
+    t = tensor_parallel
+    return (spec.static_bytes / t
+            + spec.activation_bytes_per_sample * per_gpu_batch * activation_fraction(t))
+
+
+def allreduce_bytes(spec: ModuleSpec, per_gpu_batch: int) -> float:
+    """Bytes of one TP all-reduce: the replica's activations [batch, tokens, hidden] in bf16."""
+    return per_gpu_batch * spec.tokens_per_sample * spec.hidden_dim * ACTIVATION_BYTES
+
+
+def allreduces_per_step(spec: ModuleSpec) -> int:
+    """TP all-reduces in one forward + backward of the module."""
+    return ALLREDUCES_PER_LAYER * max(1, spec.num_layers)
+
+
+def supports(spec: ModuleSpec, tensor_parallel: int) -> bool:
+    """Whether the module's TP plan splits evenly `tensor_parallel` ways."""
+    return tensor_parallel == 1 or spec.max_tensor_parallel % tensor_parallel == 0
+
+
+def degrees(spec: ModuleSpec, cluster: ClusterSpec) -> tuple[int, ...]:
+    """TP degrees worth planning for the module: in TP_DEGREES, supported, inside one node."""
+    return tuple(t for t in TP_DEGREES
+                 if supports(spec, t) and t <= min(cluster.gpus_per_node, cluster.num_gpus))

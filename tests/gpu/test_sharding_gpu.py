@@ -1,0 +1,81 @@
+"""Sharded states (FSDP2) on two GPUs over NCCL (skipped without them): sharded plans train like
+the same plans unsharded and like one process, beside CUDA-graphed unsharded modules, and a
+zoo model under bf16 autocast and torch.compile follows its unsharded loss curve.
+
+    PYTHONPATH=src python -m pytest -m gpu tests/gpu/test_sharding_gpu.py -s
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from tests.test_engine import reference_state
+from tests.test_sharding_engine import (
+    LR,
+    SHARDED_CASES,
+    STEPS,
+    ZOO_CASES,
+    assert_same,
+    load_run,
+    make_model,
+    run_cases,
+    unsharded,
+    zoo_plan,
+)
+
+pytestmark = pytest.mark.gpu
+
+FP32_GPU = {"rtol": 1e-4, "atol": 1e-5}
+"""Float32 on a GPU, sharded against unsharded: NCCL sums in another order than gloo."""
+BF16 = {"rtol": 3e-2, "atol": 3e-2}
+"""Loss curves under bf16 autocast (as tests/gpu/test_engine_gpu.py)."""
+
+
+def _two_gpus() -> None:
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs 2 GPUs")
+
+
+@pytest.mark.parametrize("graphs", [False, True])
+def test_sharded_plans_over_nccl_train_like_unsharded_and_one_process(tmp_path, graphs):
+    """fp32 (autocast off); with graphs, the unsharded modules replay CUDA graphs while the
+    sharded ones run eagerly with FSDP's collectives in their hooks."""
+    _two_gpus()
+    cases = {}
+    for name, (model, plan) in SHARDED_CASES.items():
+        cases[name] = {"model": model, "plan": plan, "steps": STEPS, "graphs": graphs}
+        cases[f"{name}-unsharded"] = {"model": model, "plan": unsharded(plan), "steps": STEPS,
+                                      "graphs": graphs}
+    run_cases(cases, tmp_path, device="cuda")
+    for name, (model, _) in SHARDED_CASES.items():
+        states, losses = load_run(tmp_path, name)
+        plain_states, plain_losses = load_run(tmp_path, f"{name}-unsharded")
+        torch.testing.assert_close(losses[0], plain_losses[0], **FP32_GPU)
+        reference = reference_state(make_model(model), "tiny", STEPS, LR)  # on the CPU
+        for rank in range(2):
+            assert_same(states[rank], plain_states[rank], **FP32_GPU)
+            assert_same(states[rank], reference, rtol=1e-3, atol=1e-4)  # as test_engine_gpu
+
+
+def test_zoo_models_sharded_follow_the_unsharded_loss_curve(tmp_path):
+    """bf16 autocast, AdamW, CUDA graphs and torch.compile on: the sharded modules run their
+    plain module eagerly (the compile report says so), the others compiled and graphed."""
+    _two_gpus()
+    cases = {}
+    for model, sharded in ZOO_CASES.items():
+        for label, shard in (("sharded", sharded), ("unsharded", set())):
+            cases[f"{model}-{label}"] = {
+                "model": model, "plan": zoo_plan(model, shard), "steps": 8, "lr": 1e-4,
+                "optimizer": "adamw", "amp": True, "graphs": True, "compile": "default"}
+    run_cases(cases, tmp_path, device="cuda")
+    for model, sharded in ZOO_CASES.items():
+        _, losses = load_run(tmp_path, f"{model}-sharded")
+        _, plain_losses = load_run(tmp_path, f"{model}-unsharded")
+        print(f"{model}: sharded {[round(x, 4) for x in losses[0]]}, "
+              f"unsharded {[round(x, 4) for x in plain_losses[0]]}")
+        torch.testing.assert_close(losses[0], plain_losses[0], **BF16)
+        report = json.loads((tmp_path / f"{model}-sharded" / "compile0.json").read_text())
+        assert sharded <= set(report["eager"]) and not sharded & set(report["compiled"])

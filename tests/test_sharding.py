@@ -1,0 +1,159 @@
+"""Sharded states (`Placement.shard`, mosaic.sharding): the plan field, its memory and cost
+models, and the planners that shard when nothing fits otherwise. No torch needed."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from mosaic import sharding
+from mosaic.graph import MMGraph, ModuleSpec
+from mosaic.hardware import make_cluster
+from mosaic.perf import make_perf_model
+from mosaic.perf.analytic import AnalyticModel
+from mosaic.plan import MEMORY_MARGIN, Placement, Plan, PlanError, Stage, gpu_memory_bytes
+from mosaic.planners import PLANNERS, plan_all
+from tests.helpers import spec
+
+
+def big_llm_graph(batch: int = 4) -> MMGraph:
+    """A 10B-parameter LLM (149 GiB of states: no H200 holds them) fed by a small encoder."""
+    llm = ModuleSpec(name="llm", kind="llm", input_shape=(256, 4096), num_params=int(10e9),
+                     num_layers=40, hidden_dim=4096, tokens_per_sample=256,
+                     flops_per_sample=6.0 * 10e9 * 256, activation_bytes_per_sample=2e8,
+                     output_bytes_per_sample=1e3)
+    return MMGraph(name="bigllm", modules=(spec("vision", params_m=300.0), llm),
+                   edges=(("vision", "llm"),), global_batch=batch)
+
+
+def two_stage_plan(graph: MMGraph, shard_llm: bool, llm_gpus=(0, 1)) -> Plan:
+    return Plan(model=graph.name, planner="manual", num_gpus=2, stages=(
+        Stage(placements=(Placement(module="vision", gpus=(0, 1)),)),
+        Stage(placements=(Placement(module="llm", gpus=llm_gpus, shard=shard_llm),))))
+
+
+def unsharded(plan: Plan) -> Plan:
+    return replace(plan, stages=tuple(
+        replace(s, placements=tuple(replace(p, shard=False) for p in s.placements))
+        for s in plan.stages))
+
+
+# --- the plan field --------------------------------------------------------------------------
+def test_shard_round_trips_and_plans_without_it_load():
+    plan = two_stage_plan(big_llm_graph(), shard_llm=True)
+    again = Plan.from_json(plan.to_json())
+    assert again == plan and again.placement("llm").shard
+    old = plan.to_dict()
+    for stage in old["stages"]:
+        for p in stage["placements"]:
+            del p["shard"]  # a plan written before the field existed
+    assert not Plan.from_dict(old).placement("llm").shard
+    old["stages"][1]["placements"][0]["shard"] = "yes"
+    with pytest.raises(PlanError, match="shard='yes' must be true or false"):
+        Plan.from_dict(old)
+
+
+def test_shard_needs_a_dp_degree_of_two():
+    graph, cluster = big_llm_graph(), make_cluster(2)
+    plan = two_stage_plan(graph, shard_llm=True, llm_gpus=(1,))
+    with pytest.raises(PlanError, match=r"module 'llm'.*shard=true needs a DP degree >= 2"):
+        plan.validate(graph, cluster)
+
+
+# --- memory ----------------------------------------------------------------------------------
+def test_sharded_memory_is_states_over_dp_plus_the_whole_units():
+    graph = big_llm_graph(batch=4)
+    llm = graph.module("llm")
+    used = gpu_memory_bytes(two_stage_plan(graph, shard_llm=True), graph)
+    vision = graph.module("vision").static_bytes + graph.module("vision").activation_bytes_per_sample * 2
+    whole_units = 8.0 * llm.num_params * 3 / 40  # fp32 weights + grads of 3 of 40 layers
+    expected = llm.static_bytes / 2 + whole_units + llm.activation_bytes_per_sample * 2
+    assert used[0] == used[1] == pytest.approx(vision + expected)
+    assert sharding.working_set_bytes(llm) == pytest.approx(whole_units)
+    one_layer = replace(llm, num_layers=1)  # gathered whole: sharding it over 2 saves nothing
+    assert not sharding.saves_memory(one_layer, 2) and sharding.saves_memory(one_layer, 4)
+
+
+def test_a_memory_error_names_the_module_to_shard():
+    graph, cluster = big_llm_graph(), make_cluster(2)
+    plan = two_stage_plan(graph, shard_llm=True)
+    plan.validate(graph, cluster)
+    with pytest.raises(PlanError, match=r"GPU 0 needs .* shard the states of module 'llm'"):
+        unsharded(plan).validate(graph, cluster)
+
+
+# --- cost ------------------------------------------------------------------------------------
+def test_sharded_sync_is_two_all_gathers_and_a_reduce_scatter():
+    graph, cluster = big_llm_graph(), make_cluster(2)
+    perf = AnalyticModel(cluster)
+    plan = two_stage_plan(graph, shard_llm=True)
+    llm, gpus = graph.module("llm"), (0, 1)
+    gather = perf.collective_s("all_gather", 4.0 * llm.num_params, gpus)
+    scatter = perf.collective_s("reduce_scatter", 4.0 * llm.num_params, gpus)
+    assert gather > 0 and scatter > 0
+    assert perf.stage_allreduce_s(plan.stages[1], graph) == pytest.approx(2 * gather + scatter)
+    ring = perf.allreduce_s(4.0 * llm.num_params, gpus)  # = reduce-scatter + all-gather
+    assert perf.stage_allreduce_s(unsharded(plan).stages[1], graph) == pytest.approx(ring)
+    assert 2 * gather + scatter == pytest.approx(1.5 * ring, rel=0.01)
+
+
+def test_profiled_model_costs_sharding_on_its_measured_curves_and_steps_a_shard():
+    graph, cluster = big_llm_graph(), make_cluster(2)
+    perf = make_perf_model("profiled", cluster)
+    num_bytes = 4.0 * graph.module("llm").num_params
+    for kind in ("all_gather", "reduce_scatter"):
+        measured, source = perf.comm_time(kind, num_bytes, 2)
+        assert source == "measured"
+        assert perf.collective_s(kind, num_bytes, (0, 1)) == pytest.approx(measured)
+    plan = two_stage_plan(graph, shard_llm=True)
+    # the optimizer steps the GPU holding the most parameters: half the LLM, plus the vision
+    params = graph.module("llm").num_params / 2 + graph.module("vision").num_params
+    assert perf.optimizer_s(plan, graph) == pytest.approx(
+        params * perf.optimizer_bytes_per_param / cluster.gpu.mem_bandwidth_bps)
+
+
+# --- planners --------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", ["megatron", "distmm", "spindle", "mosaic"])
+def test_planners_shard_a_module_that_fits_only_sharded(name):
+    graph, cluster = big_llm_graph(), make_cluster(2)
+    perf = AnalyticModel(cluster)
+    plan = PLANNERS[name](graph, cluster, perf)  # validated
+    llm = plan.placement("llm")
+    assert llm.shard and llm.dp_degree == 2
+    assert not plan.placement("vision").shard  # fits unsharded: never sharded for nothing
+    assert plan.predicted_iteration_s == pytest.approx(perf.iteration_time_s(plan, graph))
+    budget = cluster.gpu.memory_bytes * (1 - MEMORY_MARGIN)
+    assert max(gpu_memory_bytes(plan, graph).values()) <= budget
+    with pytest.raises(PlanError, match="shard the states of module 'llm'"):
+        unsharded(plan).validate(graph, cluster)
+
+
+def test_qwen3_vl_paper_on_two_h200s_plans_with_sharded_states():
+    """Its 8.6B parameters' states (129 GiB) fit no H200 whole: megatron (every module on both
+    GPUs) needs the LLM sharded; the others fit the LLM whole on one GPU, unsharded."""
+    from mosaic.zoo import get_model
+
+    graph, cluster = get_model("qwen3-vl").graph("paper"), make_cluster(2)
+    perf = make_perf_model("auto", cluster, preset="paper")
+    plans = {p.planner: p for p in plan_all(graph, cluster, perf)}
+    assert set(plans) == {"megatron", "distmm", "spindle", "mosaic"}
+    megatron = plans["megatron"]
+    assert [p.module for s in megatron.stages for p in s.placements if p.shard] == ["llm"]
+    megatron.validate(graph, cluster)
+    assert megatron.predicted_iteration_s == pytest.approx(perf.iteration_time_s(megatron, graph))
+    with pytest.raises(PlanError, match="shard the states of module 'llm'"):
+        unsharded(megatron).validate(graph, cluster)
+    for plan in plans.values():
+        plan.validate(graph, cluster)
+
+
+def test_planners_say_when_even_sharding_is_not_enough_or_would_be():
+    graph, cluster = big_llm_graph(), make_cluster(2)
+    perf = AnalyticModel(cluster)
+    with pytest.raises(PlanError, match="shard the states of module 'llm' over 2 GPUs"):
+        PLANNERS["exhaustive"](graph, cluster, perf)  # a planner that does not shard
+    huge = replace(graph, modules=(graph.module("vision"),
+                                   replace(graph.module("llm"), num_params=int(20e9))))
+    with pytest.raises(PlanError, match=r"'llm' needs .* with its states sharded over 2 GPUs"):
+        PLANNERS["mosaic"](huge, cluster, perf)

@@ -1,0 +1,58 @@
+"""`mosaic train --data` and `--tensorboard`: refused in one line before any work when they
+cannot be served, and what they write when they can."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+from mosaic.cli import main
+from mosaic.engine.trainer import TrainConfig, TrainError, train
+from tests.test_engine import ToyModel, one_gpu_plans
+
+HAS_TENSORBOARD = importlib.util.find_spec("tensorboard") is not None
+
+
+def run_cli(capsys, *args: str) -> tuple[int, str, str]:
+    with pytest.raises(SystemExit) as info:
+        main(list(args))
+    captured = capsys.readouterr()
+    return info.value.code or 0, captured.out, captured.err
+
+
+def test_digits_for_a_model_that_is_not_clip_is_one_line(capsys, tmp_path):
+    code, out, err = run_cli(capsys, "train", "imagebind", "--data", "digits",
+                             "--out", str(tmp_path / "run"))
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
+    assert "CLIP-shaped" in err and "--data synthetic" in err
+    assert not (tmp_path / "run").exists()
+
+
+def test_an_unknown_data_set_is_refused_with_the_choices(capsys):
+    code, _, err = run_cli(capsys, "train", "clip", "--data", "mnist")
+    assert code == 2 and "mnist" in err and "digits" in err
+
+
+@pytest.mark.skipif(HAS_TENSORBOARD, reason="tensorboard is installed")
+def test_tensorboard_without_the_package_is_one_line(capsys, tmp_path):
+    code, out, err = run_cli(capsys, "train", "clip", "--tensorboard", str(tmp_path / "tb"))
+    assert code == 2 and out == ""
+    assert "--tensorboard" in err and "pip install tensorboard" in err
+    with pytest.raises(TrainError, match="tensorboard_dir"):
+        TrainConfig(model="clip", plan_path="p.json", tensorboard_dir=str(tmp_path))
+
+
+@pytest.mark.skipif(not HAS_TENSORBOARD, reason="tensorboard is not installed (optional)")
+def test_tensorboard_gets_the_loss_and_step_time_of_every_step(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    model = ToyModel("toyclip")
+    plan = one_gpu_plans(model.graph("tiny"))["free"]
+    result = train(TrainConfig(device="cpu", model="toyclip", plan=plan, steps=4, lr=1e-2,
+                               tensorboard_dir=str(tmp_path)), model=model)
+    events = EventAccumulator(str(tmp_path))
+    events.Reload()
+    losses = [e.value for e in events.Scalars("train/loss")]
+    assert losses == pytest.approx([s["loss"] for s in result.steps])
+    assert len(events.Scalars("train/step_time_ms")) == 4
