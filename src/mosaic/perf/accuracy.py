@@ -184,10 +184,10 @@ def _iteration_rows(name: str, report: dict[str, Any], repredict: Any = None) ->
         if not isinstance(r, dict) or not r.get("measured_iteration_s"):
             continue
         measured = float(r["measured_iteration_s"])
-        if repredict is not None:
-            predicted = repredict.predict(report, r)
-        else:
-            predicted = float(r["predicted_iteration_s"]) if r.get("predicted_iteration_s") else None
+        recorded = float(r["predicted_iteration_s"]) if r.get("predicted_iteration_s") else None
+        # A row today's model cannot place (no plan in it, a GPU mosaic has no spec for)
+        # keeps the prediction it recorded.
+        predicted = (repredict.predict(report, r) if repredict is not None else None) or recorded
         rows.append({"file": name, "model": report.get("model"), "preset": report.get("preset"),
                      "gpus": report.get("gpus"), "global_batch": report.get("global_batch"),
                      "planner": r.get("planner"), "predicted_s": predicted, "measured_s": measured,

@@ -244,7 +244,7 @@ def _row(group: str, kind: str, plan: Plan, graph: MMGraph, predicted_s: float,
 def _solve(rows: Sequence[IterationRow], features: Sequence[str]) -> np.ndarray:
     """Weighted least squares on relative residuals, columns scaled to unit RMS (seconds and
     parameter counts differ by 1e10: unscaled, the solver would see a singular problem)."""
-    x = np.array([[r.features[f] for f in features] for r in rows])
+    x = np.array([[r.features.get(f, 0.0) for f in features] for r in rows])
     y = np.array([r.measured_s - r.predicted_s for r in rows])
     w = 1.0 / np.array([r.measured_s for r in rows])
     scale = np.sqrt(np.mean(x**2, axis=0))
@@ -260,7 +260,7 @@ def _solve(rows: Sequence[IterationRow], features: Sequence[str]) -> np.ndarray:
 
 
 def _mape(rows: Sequence[IterationRow], features: Sequence[str], coef: np.ndarray) -> float:
-    errs = [abs(r.predicted_s + sum(c * r.features[f] for f, c in zip(features, coef, strict=True))
+    errs = [abs(r.predicted_s + sum(c * r.features.get(f, 0.0) for f, c in zip(features, coef, strict=True))
                 - r.measured_s) / r.measured_s for r in rows]
     return float(np.mean(errs)) * PERCENT
 
