@@ -252,7 +252,7 @@ def test_a_module_holds_eager_and_compiled_surfaces_under_distinct_signatures(tm
                                                                           "compile-default")
     assert eager == module_signature(vision) and compiled == module_signature(vision, "compile-default")
     assert eager != compiled
-    assert [m.kernels for m in db.modules()] == ["eager", "compile-default"]
+    assert sorted(m.kernels for m in db.modules()) == ["compile-default", "eager"]
     assert [m.signature for m in db.modules("compile-default")] == [compiled]
     with pytest.raises(ProfileDBError, match="kernels 'turbo'"):
         db.add_module("m", "small", vision, "turbo")
@@ -265,8 +265,14 @@ def test_a_version_1_db_reads_as_eager_and_is_migrated_when_written(tmp_path):
     sig = db.add_module("m", "small", spec("vision"))
     db.close()
     conn = sqlite3.connect(path)  # rebuild the version-1 modules table (no kernels column)
-    conn.executescript("DROP VIEW module_points_named; ALTER TABLE modules DROP COLUMN kernels;"
-                       "UPDATE meta SET value = '1' WHERE key = 'schema_version';")
+    conn.executescript("""
+        CREATE TABLE v1 (model TEXT NOT NULL, preset TEXT NOT NULL, module TEXT NOT NULL,
+          signature TEXT NOT NULL, spec_json TEXT NOT NULL, PRIMARY KEY (model, preset, module));
+        INSERT INTO v1 SELECT model, preset, module, signature, spec_json FROM modules;
+        DROP VIEW module_points_named; DROP TABLE modules; ALTER TABLE v1 RENAME TO modules;
+        CREATE VIEW module_points_named AS SELECT m.model, m.preset, m.module, p.*
+          FROM modules m JOIN module_points p USING (signature);
+        UPDATE meta SET value = '1' WHERE key = 'schema_version';""")
     conn.close()
     with ProfileDB.open(path) as old:
         assert [(m.signature, m.kernels) for m in old.modules()] == [(sig, "eager")]

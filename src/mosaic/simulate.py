@@ -30,7 +30,7 @@ With overlap off the iteration time equals `PerfModel.iteration_time_s` (tests p
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from mosaic.graph import MMGraph
 from mosaic.perf.base import PerfModel, Work
@@ -163,6 +163,28 @@ class _Sim:
             end = max(end, t0 + step)
         return end
 
+    def engine_term(self, t0: float) -> float:
+        """The model's fitted per-step engine term (perf/engine_term.py), which the planners'
+        predictions include: one event on every GPU when it adds time. A negative term (the
+        engine's kernels faster than the profiled ones) compresses every event uniformly."""
+        term = getattr(self.perf, "engine_term_s", None)
+        seconds = term(self.plan, self.graph) if term is not None else 0.0
+        if seconds > 0:
+            for g in range(self.plan.num_gpus):
+                self.emit("engine term (fitted)", len(self.plan.stages), g, t0, t0 + seconds,
+                          1.0, COMPUTE)
+        elif seconds < 0 and t0 > 0:
+            self._compress((t0 + seconds) / t0)
+        return t0 + seconds
+
+    def _compress(self, factor: float) -> None:
+        out = self.out
+        out.events = [replace(e, start_s=e.start_s * factor, end_s=e.end_s * factor)
+                      for e in out.events]
+        for busy in (out.compute_busy_s, out.comm_busy_s):
+            for g in busy:
+                busy[g] *= factor
+
     def pipelined(self) -> float:
         """The model's one-GPU micro-batch overlap as three segments (see PerfModel.pipelined_s)."""
         plan, graph, perf = self.plan, self.graph, self.perf
@@ -193,5 +215,5 @@ def simulate(plan: Plan, graph: MMGraph, perf: PerfModel, *, overlap: bool = Fal
         for i in range(len(plan.stages)):
             t = sim.stage(i, t, overlap)
             t = sim.transfers(i, t)
-    sim.out.iteration_s = sim.optimizer(t)
+    sim.out.iteration_s = sim.engine_term(sim.optimizer(t))
     return sim.out
