@@ -45,6 +45,7 @@ from mosaic.engine.session import (
     make_optimizer,
     start_distributed,
 )
+from mosaic.engine.tensor_parallel import full_tensor
 from mosaic.engine.timer import Timer
 from mosaic.engine.user_program import UserProgram
 from mosaic.errors import MosaicError
@@ -140,6 +141,10 @@ class _Contender:
     session: RankSession | None = None
     program: UserProgram | None = None
     startup_s: float = 0.0
+    modules: dict[str, nn.Module] | None = None
+    """Its own modules, when the plans' shared ones cannot serve it (a plan that shards)."""
+    optimizer: torch.optim.Optimizer | None = None
+    """The optimizer of its own modules (else the shared one steps)."""
 
 
 @dataclass(slots=True)
@@ -176,22 +181,13 @@ def _setup(model, preset: str, graph: MMGraph, plans: dict[str, Plan], gpu: GPUS
            config: BenchConfig) -> _Setup:
     d = start_distributed(None)
     for label, plan in plans.items():
-        tp = [p.module for s in plan.stages for p in s.placements if p.tensor_parallel > 1]
-        if tp:  # the plans share one set of modules, which TP would shard in place for all
-            raise BenchError(f"plan {label!r} places {tp} with tensor_parallel > 1, which "
-                             "`mosaic bench` does not run yet; train it with `mosaic train "
-                             "--plan`, or bench a plan without tensor parallelism")
-        sharded = [p.module for s in plan.stages for p in s.placements if p.shard]
-        if sharded:  # FSDP2 turns the shared modules' parameters into shards, for every plan
-            raise BenchError(f"plan {label!r} shards the states of {sharded}, which `mosaic "
-                             "bench` does not run (its plans share one set of modules); train "
-                             "it with `mosaic train --plan`, or bench a plan without shard")
         if plan.num_gpus != d.world_size:
             raise BenchError(f"plan {label!r} uses {plan.num_gpus} GPUs but {d.world_size} "
                              f"process(es) run: launch `torchrun --standalone --nproc-per-node "
                              f"{plan.num_gpus} -m mosaic bench ...`")
     # A user program holds the whole model on every rank, as DDP does.
-    names = graph.names if config.user_programs else local_modules(list(plans.values()), d.rank)
+    shared = [plan for plan in plans.values() if not _reshapes(plan)]
+    names = graph.names if config.user_programs else local_modules(shared, d.rank)
     modules = build_modules(model, preset, names, config.seed, d.device)
     engine = config.engine if d.device.type == "cuda" else replace(config.engine, graphs=False)
     views, compiled = compile_modules(modules, engine.compile)
@@ -200,8 +196,12 @@ def _setup(model, preset: str, graph: MMGraph, plans: dict[str, Plan], gpu: GPUS
     try:
         for label, plan in plans.items():
             start = time.perf_counter()
-            session = RankSession.create(plan, graph, modules, d, gpu, engine, views=views)
-            contenders[label] = _plan_contender(label, session, batch)
+            if _reshapes(plan):
+                contenders[label] = _own_contender(label, plan, model, preset, graph, d, gpu,
+                                                   engine, config, compiled, batch)
+            else:
+                session = RankSession.create(plan, graph, modules, d, gpu, engine, views=views)
+                contenders[label] = _plan_contender(label, session, batch)
             contenders[label].startup_s = time.perf_counter() - start
     except BaseException:
         _close(contenders)
@@ -210,6 +210,25 @@ def _setup(model, preset: str, graph: MMGraph, plans: dict[str, Plan], gpu: GPUS
     optimizer = make_optimizer("adamw", params, config.lr) if params else None
     return _Setup(d, contenders, optimizer, params, modules, compiled, Timer(d.device), batch,
                   graph, engine)
+
+
+def _reshapes(plan: Plan) -> bool:
+    """Whether `plan` turns parameters into shards in place (FSDP2 or tensor parallelism)."""
+    return any(p.shard or p.tensor_parallel > 1 for st in plan.stages for p in st.placements)
+
+
+def _own_contender(label: str, plan: Plan, model, preset: str, graph: MMGraph, d: Dist,
+                   gpu: GPUSpec, engine: EngineConfig, config: BenchConfig,
+                   compiled: CompileReport, batch: dict) -> _Contender:
+    """A plan that shards its modules in place trains its own copy of them (the same weights:
+    same seed) with its own optimizer, so the other plans keep whole parameters."""
+    own = build_modules(model, preset, local_modules(plan, d.rank), config.seed, d.device)
+    views, _ = compile_modules(own, engine.compile, compiled)
+    session = RankSession.create(plan, graph, own, d, gpu, engine, views=views)
+    contender = _plan_contender(label, session, batch)
+    contender.modules = own
+    contender.optimizer = make_optimizer("adamw", session.parameters(), config.lr)
+    return contender
 
 
 def _add_user_programs(s: _Setup, config: BenchConfig) -> None:
@@ -230,7 +249,8 @@ def _close(contenders: dict[str, _Contender]) -> None:
 
 
 def _zero_grads(s: _Setup) -> None:
-    for p in s.params:
+    own = [p for c in s.contenders.values() if c.modules is not None for p in c.params]
+    for p in s.params + own:
         p.grad = None
 
 
@@ -269,11 +289,12 @@ def _module_grads(s: _Setup, c: _Contender) -> dict[str, torch.Tensor]:
     c.step()
     held = {id(p) for p in c.params}
     grads = {}
-    for name, module in s.modules.items():
+    for name, module in (c.modules or s.modules).items():
         params = [p for p in module.parameters() if id(p) in held]
-        if params:
-            grads[name] = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p))
-                                     .detach().float().reshape(-1) for p in params])
+        if params:  # a shard's gradient is gathered whole (a collective over its mesh)
+            grads[name] = torch.cat([
+                (full_tensor(p.grad) if p.grad is not None else torch.zeros(p.shape, device=s.device))
+                .detach().float().reshape(-1) for p in params])
     _zero_grads(s)
     return grads
 
@@ -322,8 +343,9 @@ def _one_step(s: _Setup, c: _Contender) -> float:
     _zero_grads(s)
     start = s.timer.mark()
     loss = c.step()
-    if s.optimizer is not None:
-        s.optimizer.step()
+    optimizer = c.optimizer or s.optimizer
+    if optimizer is not None:
+        optimizer.step()
     seconds = s.timer.seconds(start, s.timer.mark())
     if not math.isfinite(loss.item()):
         raise BenchError(f"{c.label!r}: loss became non-finite; lower --lr")

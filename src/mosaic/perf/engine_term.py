@@ -32,19 +32,23 @@ from mosaic.plan import Plan, PlanError
 from mosaic.profile.db import FitRecord, ProfileDB
 
 FIT_PREFIX = "engine_term."
-FEATURES = ("const", "stages", "busiest_modules", "params", "synced_params", "predicted")
+FEATURES = ("const", "stages", "busiest_modules", "params", "synced_params", "micro_steps",
+            "predicted")
 """const: 1 (seconds per step); stages: plan stages (a synchronisation each); busiest_modules:
 most placements on one GPU (launch and hook work per module); params: parameters on the GPU
 holding most (optimizer and gradient bookkeeping per parameter); synced_params: the same for
 placements synchronised across GPUs (DDP's bucket copies and the collectives' contention with
-compute, beyond the all-reduce the model already counts); predicted: the composed
+compute, beyond the all-reduce the model already counts); micro_steps: micro-batches beyond
+the first times the composed prediction (each one more pass of every module at a smaller,
+less efficient batch, beyond what the pipelined composition counts); predicted: the composed
 prediction itself (kernels uniformly faster or slower than profiled, e.g. Inductor)."""
 FEATURE_SETS: tuple[tuple[str, ...], ...] = (
     ("const",), ("predicted",), ("const", "predicted"), ("const", "params"),
     ("const", "stages"), ("const", "busiest_modules"), ("const", "stages", "params"),
     ("const", "busiest_modules", "params"), ("const", "params", "predicted"),
     ("const", "synced_params"), ("const", "predicted", "synced_params"),
-    ("const", "params", "synced_params"),
+    ("const", "params", "synced_params"), ("predicted", "micro_steps"),
+    ("const", "predicted", "micro_steps"), ("const", "predicted", "synced_params", "micro_steps"),
     ("const", "stages", "busiest_modules", "params"),
 )
 """Candidates, fewest features first (a tie in held-out error keeps the simpler term)."""
@@ -93,8 +97,10 @@ class EngineTerm:
     def describe(self) -> str:
         unit = {"const": "{:+.3g} ms", "stages": "{:+.3g} ms/stage",
                 "busiest_modules": "{:+.3g} ms/module", "params": "{:+.3g} ns/param",
-                "synced_params": "{:+.3g} ns/synced param", "predicted": "{:+.3g}% x predicted"}
-        scale = {"params": 1e9, "synced_params": 1e9, "predicted": PERCENT}
+                "synced_params": "{:+.3g} ns/synced param",
+                "micro_steps": "{:+.3g}% x predicted per extra micro-batch",
+                "predicted": "{:+.3g}% x predicted"}
+        scale = {"params": 1e9, "synced_params": 1e9, "predicted": PERCENT, "micro_steps": PERCENT}
         terms = " ".join(unit[f].format(c * scale.get(f, 1e3))
                            for f, c in zip(self.features, self.coef, strict=True))
         err = (f", held-out MAPE {self.mape:.1f}% (uncorrected {self.baseline_mape:.1f}%)"
@@ -173,6 +179,7 @@ def plan_features(plan: Plan, graph: MMGraph, predicted_s: float) -> dict[str, f
             "busiest_modules": float(max(modules.values(), default=0)),
             "params": float(max(params.values(), default=0)),
             "synced_params": float(max(synced.values(), default=0)),
+            "micro_steps": float(plan.micro_batches - 1) * predicted_s,
             "predicted": float(predicted_s)}
 
 
