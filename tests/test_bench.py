@@ -98,28 +98,38 @@ def test_a_plan_that_drops_a_modules_gradients_is_refused(monkeypatch):
         measure_plans(model, "tiny", graph, _plans(graph), H200, config)
 
 
+def _clip_plan(planner: str, sharded: bool) -> Plan:
+    encoders = Stage(placements=tuple(Placement(module=m, gpus=(0, 1), shard=sharded)
+                                      for m in ("vision", "text")))
+    head = Stage(placements=(Placement(module="align", gpus=(0, 1)),))
+    return Plan(model="clip", planner=planner, num_gpus=2, stages=(encoders, head))
+
+
+def _qwen_plan(planner: str, sharded: bool) -> Plan:
+    encoders = Stage(placements=tuple(Placement(module=m, gpus=(0, 1)) for m in ("vision", "text")))
+    llm = Stage(placements=(Placement(module="llm", gpus=(0, 1), tensor_parallel=2 if sharded else 1),))
+    return Plan(model="qwen3-vl", planner=planner, num_gpus=2, stages=(encoders, llm))
+
+
 @pytest.mark.slow
-def test_bench_measures_a_sharded_plan_beside_a_plain_one(tmp_path):
-    """A plan that shards its modules (FSDP2) trains its own copy of them, so the plain plan
-    keeps whole parameters; both pass the gradient check at the same weights (2 gloo ranks)."""
+@pytest.mark.parametrize(("model", "make_plan"), [("clip", _clip_plan), ("qwen3-vl", _qwen_plan)],
+                         ids=["fsdp", "tensor-parallel"])
+def test_bench_measures_a_sharded_plan_beside_a_plain_one(tmp_path, model, make_plan):
+    """A plan that shards its modules (FSDP2, or TP) trains its own copy of them, so the plain
+    plan keeps whole parameters; both pass the gradient check at the same weights (2 gloo
+    ranks)."""
     import os
     import subprocess
     import sys
 
-    def plan(planner: str, shard: bool) -> Plan:
-        encoders = Stage(placements=tuple(Placement(module=m, gpus=(0, 1), shard=shard)
-                                          for m in ("vision", "text")))
-        head = Stage(placements=(Placement(module="align", gpus=(0, 1)),))
-        return Plan(model="clip", planner=planner, num_gpus=2, stages=(encoders, head))
-
     plans = tmp_path / "plans"
     plans.mkdir()
-    plan("megatron", False).save(plans / "megatron.json")
-    plan("mosaic", True).save(plans / "mosaic.json")
+    make_plan("megatron", False).save(plans / "megatron.json")
+    make_plan("mosaic", True).save(plans / "mosaic.json")
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     result = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-         "-m", "mosaic", "bench", "clip", "--gpus", "2", "--preset", "tiny", "--perf-model",
+         "-m", "mosaic", "bench", model, "--gpus", "2", "--preset", "tiny", "--perf-model",
          "analytic", "--planners", "megatron,mosaic", "--plans", str(plans), "--rounds", "1",
          "--steps-per-round", "2", "--warmup", "1", "--user-programs", "none", "--cpu-smoke",
          "--out", str(tmp_path / "out"), "--json"],
@@ -128,5 +138,6 @@ def test_bench_measures_a_sharded_plan_beside_a_plain_one(tmp_path):
     report = json.loads((tmp_path / "out" / "bench.json").read_text())
     rows = {r["planner"]: r for r in report["results"]}
     assert set(rows) == {"megatron", "mosaic"}
-    assert all(p["shard"] for s in rows["mosaic"]["plan"]["stages"][:1] for p in s["placements"])
+    placed = [p for s in rows["mosaic"]["plan"]["stages"] for p in s["placements"]]
+    assert any(p["shard"] or p["tensor_parallel"] > 1 for p in placed)
     assert max(rows["mosaic"]["grad_error"].values()) < 1e-4

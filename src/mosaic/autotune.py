@@ -111,12 +111,8 @@ def plan_key(plan: Plan) -> tuple:
 
 
 def _run_planner(name: str, graph: MMGraph, cluster: ClusterSpec, perf: PerfModel) -> Plan | None:
-    """The planner's plan, or None where it has none here (too costly, no plan fits, or the
-    plan is tensor-parallel, which measure_plans does not run yet)."""
-    plan = _planned(name, graph, cluster, perf)
-    if plan is None or any(p.tensor_parallel > 1 for s in plan.stages for p in s.placements):
-        return None
-    return plan
+    """The planner's plan, or None where it has none here (too costly, or no plan fits)."""
+    return _planned(name, graph, cluster, perf)
 
 
 def _planned(name: str, graph: MMGraph, cluster: ClusterSpec, perf: PerfModel) -> Plan | None:
