@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import zlib
-from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
@@ -29,7 +27,7 @@ from mosaic.engine.session import EngineConfig
 from mosaic.engine.trainer import TrainConfig, train
 from mosaic.graph import MMGraph, ModuleSpec
 from mosaic.plan import Placement, Plan, Stage
-from tests.test_engine import ToyModel, reference_state
+from tests.test_engine import ToyModel, WholeBatchToy, reference_state
 from tests.test_engine_dist import _free_ports
 
 pytestmark = pytest.mark.slow
@@ -79,35 +77,24 @@ DEEP = {"vision": DeepVision, "text": Words, "llm": DeepSink}
 DEEP_EDGES = (("vision", "llm"), ("text", "llm"))
 
 
-class DeepToy:
-    """The trainer's model protocol over DEEP (as tests.test_engine.ToyModel over its toys)."""
+class DeepToy(WholeBatchToy):
+    """The trainer's model protocol over DEEP (as tests.test_engine's toys over theirs), with
+    layers in the graph: FSDP shards per layer."""
 
-    name = "toydeep"
-
-    def build_modules(self, preset: str, device="cpu", dtype=torch.float32, *,
-                      names: Iterable[str] | None = None, seed: int = 0) -> dict[str, nn.Module]:
-        out = {}
-        for name, factory in DEEP.items():
-            if names is None or name in names:
-                torch.manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
-                out[name] = factory().to(device=device, dtype=dtype)
-        return out
-
-    def make_inputs(self, preset: str, batch_size: int, generator: torch.Generator,
-                    device="cpu") -> dict[str, tuple[torch.Tensor, ...]]:
-        data = {"vision": (torch.randn(batch_size, 12, generator=generator),),
-                "text": (torch.randint(0, 20, (batch_size, 5), generator=generator),),
-                "llm": (torch.randint(0, 5, (batch_size,), generator=generator),)}
-        return {k: tuple(t.to(device) for t in v) for k, v in data.items()}
+    def __init__(self) -> None:
+        self.name = "toydeep"
+        self.factories, self.edges = DEEP, DEEP_EDGES
+        self.global_batch = 12
+        self.requested: list[dict] = []
 
     def graph(self, preset: str, global_batch: int | None = None) -> MMGraph:
-        kinds = {"llm": "llm"}
-        specs = tuple(ModuleSpec(name=n, kind=kinds.get(n, "encoder"), input_shape=(12,),
-                                 num_params=1000, num_layers=3, flops_per_sample=1e6,
-                                 activation_bytes_per_sample=1e3, output_bytes_per_sample=32.0)
+        specs = tuple(ModuleSpec(name=n, kind="llm" if n == "llm" else "encoder",
+                                 input_shape=(12,), num_params=1000, num_layers=3,
+                                 flops_per_sample=1e6, activation_bytes_per_sample=1e3,
+                                 output_bytes_per_sample=32.0)
                       for n in DEEP)
         return MMGraph(name=self.name, modules=specs, edges=DEEP_EDGES,
-                       global_batch=global_batch or 12, preset=preset)
+                       global_batch=global_batch or self.global_batch, preset=preset)
 
 
 def make_model(name: str):
