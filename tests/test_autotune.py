@@ -14,12 +14,12 @@ from mosaic.autotune import (
     AutotuneError,
     autotune,
     candidate_plans,
-    plan_key,
 )
 from mosaic.engine.measure import BASELINES
 from mosaic.engine.session import EngineConfig
 from mosaic.hardware import make_cluster
 from mosaic.perf import make_perf_model
+from mosaic.plan import plan_key
 from mosaic.profile.db import ProfileDB
 from mosaic.zoo import get_model
 

@@ -1,6 +1,7 @@
 """`mosaic bench` logic on CPU: timings are meaningless here, the bookkeeping is not."""
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -39,6 +40,24 @@ def test_bench_measures_every_plan_and_reports_ratios(tmp_path):
     assert {"planner", "measured_iteration_s", "spread_s", "predicted_iteration_s", "mfu"} <= row.keys()
     assert report["mosaic_speedup_vs_best_baseline"] == pytest.approx(
         measurements[0].median_s / measurements[1].median_s)
+
+
+def test_identical_plans_are_measured_once_and_reported_for_every_label():
+    model = get_model("clip")
+    graph = model.graph("tiny")
+    plans = _plans(graph)
+    plans = {"megatron": plans["megatron"], "distmm": replace(plans["megatron"], planner="distmm"),
+             "mosaic": plans["mosaic"]}
+    config = BenchConfig(rounds=1, steps_per_round=2, warmup_steps=0, nvml_seconds=0,
+                         user_programs=())
+    measurements, _ = measure_plans(model, "tiny", graph, plans, H200, config)
+    rows = {m.label: m for m in measurements}
+    assert list(rows) == ["megatron", "distmm", "mosaic"]
+    assert rows["distmm"].same_plan_as == "megatron" and rows["mosaic"].same_plan_as is None
+    assert rows["distmm"].step_times_s == rows["megatron"].step_times_s
+    assert rows["distmm"].plan.planner == "distmm"
+    report = bench_report(graph, measurements, H200, "tiny", 1)
+    assert report["results"][1]["same_plan_as"] == "megatron"
 
 
 def test_bench_refuses_multi_gpu_plans_in_one_process():

@@ -31,7 +31,7 @@ from mosaic.graph import MMGraph
 from mosaic.hardware import ClusterSpec
 from mosaic.perf.base import PerfModel
 from mosaic.perf.engine_term import engine_kind
-from mosaic.plan import Plan, PlanError
+from mosaic.plan import Plan, PlanError, plan_key
 from mosaic.profile.db import IterationRecord, ProfileDB, ProfileDBError
 
 CANDIDATE_PLANNERS = ("mosaic", "mosaic-partition", "mosaic-unaware", "exhaustive", "gahc",
@@ -103,13 +103,6 @@ class AutotuneResult:
 
 
 # --- candidates ----------------------------------------------------------------------------
-def plan_key(plan: Plan) -> tuple:
-    """The placement structure: equal keys run identically, whatever planner made them."""
-    return (plan.micro_batches, tuple(
-        (s.sharing, tuple(sorted((p.module, tuple(p.gpus), round(p.sm_share, 4), p.priority, p.shard,
-                                  p.tensor_parallel) for p in s.placements))) for s in plan.stages))
-
-
 def _run_planner(name: str, graph: MMGraph, cluster: ClusterSpec, perf: PerfModel) -> Plan | None:
     """The planner's plan, or None where it has none here (too costly, or no plan fits)."""
     return _planned(name, graph, cluster, perf)

@@ -197,6 +197,13 @@ class Plan:
         return self
 
 
+def plan_key(plan: Plan) -> tuple:
+    """The placement structure: equal keys run identically, whatever planner made them."""
+    return (plan.micro_batches, tuple(
+        (s.sharing, tuple(sorted((p.module, tuple(p.gpus), round(p.sm_share, 4), p.priority, p.shard,
+                                  p.tensor_parallel) for p in s.placements))) for s in plan.stages))
+
+
 def validate_plan(plan: Plan, graph: MMGraph, cluster: ClusterSpec) -> None:
     """Raise PlanError on the first rule the plan breaks (DESIGN.md's rules of the house)."""
     if plan.model != graph.name:

@@ -19,6 +19,7 @@ logic check, NCCL on GPUs). A step's time is the slowest rank's.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import math
 import sys
@@ -51,7 +52,7 @@ from mosaic.engine.user_program import UserProgram
 from mosaic.errors import MosaicError
 from mosaic.graph import MMGraph
 from mosaic.hardware import GPUSpec
-from mosaic.plan import Plan
+from mosaic.plan import Plan, plan_key
 
 LOSS_TOLERANCE = 3e-2
 """Relative loss agreement between contenders under bf16 autocast (kernels differ per SM count)."""
@@ -111,6 +112,8 @@ class PlanMeasurement:
     """Per module: relative gradient difference from the reference at identical weights."""
     startup_s: float = 0.0
     """This rank's seconds to build the plan's session and capture its graphs (0: a user program)."""
+    same_plan_as: str | None = None
+    """Another label whose plan is identical (plan_key): measured once, reported for both."""
 
     @property
     def median_s(self) -> float:
@@ -125,6 +128,7 @@ class PlanMeasurement:
             "num_steps": len(t), "quotas_enforced": bool(self.pool.get("enforced")),
             "pool_backend": self.pool.get("backend", "-"), "measured_gpu_util": self.gpu_util,
             "max_grad_error": max(self.grad_error.values(), default=None),
+            "same_plan_as": self.same_plan_as,
         }
 
 
@@ -426,6 +430,7 @@ def measure_plans(model, preset: str, graph: MMGraph, plans: dict[str, Plan], gp
     """Time every plan and user program on this machine's GPU (or CPU), interleaved; see the
     module docstring. Returns the measurements and the checks made (tolerances, compile)."""
     config = config or BenchConfig()
+    plans, same = _distinct(plans)
     s = _setup(model, preset, graph, plans, gpu, config)
     try:
         _check_losses("eager", _losses(s))
@@ -447,10 +452,41 @@ def measure_plans(model, preset: str, graph: MMGraph, plans: dict[str, Plan], gp
                 pool=c.session.pool.describe() if c.session else {},
                 timeline=_timeline(s, c), gpu_util=_nvml_util(s, c, config.nvml_seconds),
                 grad_error=errors.get(label, {}), startup_s=c.startup_s))
-        return results, checks
+        return _with_twins(results, same, plans), checks
     finally:
         _close(s.contenders)
         end_distributed(s.dist)
+
+
+def _distinct(plans: dict[str, Plan]) -> tuple[dict[str, Plan], dict[str, tuple[str, Plan]]]:
+    """The plans to measure, one per placement structure, and each other label's twin (the
+    label measured for it) with its own plan. Planners often agree (DistMM, Spindle and
+    Megatron on one GPU): measuring a plan twice costs time and graph memory, and showed a
+    +-7% spread between identical plans that reads like a difference."""
+    first: dict[tuple, str] = {}
+    distinct: dict[str, Plan] = {}
+    same: dict[str, tuple[str, Plan]] = {}
+    for label, plan in plans.items():
+        twin = first.setdefault(plan_key(plan), label)
+        if twin == label:
+            distinct[label] = plan
+        else:
+            same[label] = (twin, plan)
+    return distinct, same
+
+
+def _with_twins(results: list[PlanMeasurement], same: dict[str, tuple[str, Plan]],
+                measured: dict[str, Plan]) -> list[PlanMeasurement]:
+    """Every label in the order given: plans (twins right after the plan they share), then
+    user programs."""
+    by_label = {m.label: m for m in results}
+    out: list[PlanMeasurement] = []
+    for label in measured:
+        out.append(by_label[label])
+        out += [dataclasses.replace(by_label[label], label=twin_label, plan=plan,
+                                    same_plan_as=label)
+                for twin_label, (twin, plan) in same.items() if twin == label]
+    return out + [m for m in results if m.label not in measured]
 
 
 def environment(device_name: str | None = None) -> dict[str, Any]:
