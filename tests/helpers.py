@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 from mosaic.graph import MMGraph, ModuleSpec
 
 
@@ -21,3 +27,17 @@ def encoders_and_head(num_encoders: int = 3, batch: int = 32, head_kind: str = "
     head = spec("head", kind=head_kind, params_m=5.0, tokens=1, layers=1)
     return MMGraph(name="toy", modules=(*encoders, head),
                    edges=tuple((e.name, "head") for e in encoders), global_batch=batch)
+
+
+def bench_two_ranks(model: str, out: Path, *args: str, timeout: float = 240) -> tuple[dict, str]:
+    """`mosaic bench MODEL` at preset tiny on two gloo processes under torchrun (one CPU
+    smoke round), with `args` added: the bench.json it wrote under `out`, and its stderr."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    result = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+         "-m", "mosaic", "bench", model, "--gpus", "2", "--preset", "tiny", "--perf-model",
+         "analytic", "--rounds", "1", "--warmup", "1", "--cpu-smoke", "--out", str(out),
+         "--json", *args],
+        capture_output=True, text=True, timeout=timeout, env=env)
+    assert result.returncode == 0, result.stderr[-2000:]
+    return json.loads((out / "bench.json").read_text()), result.stderr

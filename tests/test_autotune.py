@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 
@@ -22,6 +19,7 @@ from mosaic.perf import make_perf_model
 from mosaic.plan import plan_key
 from mosaic.profile.db import ProfileDB
 from mosaic.zoo import get_model
+from tests.helpers import bench_two_ranks
 
 CPU = {"steps_per_round": 1, "warmup_steps": 1, "engine": EngineConfig(graphs=False)}
 
@@ -77,23 +75,16 @@ def test_autotune_picks_the_fastest_measured_and_records_it(name, tmp_path):
 @pytest.mark.slow
 def test_bench_autotune_under_torchrun_two_processes(tmp_path):
     """Two gloo processes measure the candidates together; `autotune` joins the bench plans."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    result = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-         "-m", "mosaic", "bench", "clip", "--gpus", "2", "--preset", "tiny", "--perf-model",
-         "analytic", "--planners", "megatron,mosaic", "--rounds", "1", "--steps-per-round", "1",
-         "--warmup", "1", "--user-programs", "none", "--autotune", "1", "--cpu-smoke",
-         "--out", str(tmp_path), "--json"],
-        capture_output=True, text=True, timeout=120, env=env)
-    assert result.returncode == 0, result.stderr[-2000:]
-    report = json.loads((tmp_path / "bench.json").read_text())
+    report, stderr = bench_two_ranks("clip", tmp_path, "--planners", "megatron,mosaic",
+                                     "--steps-per-round", "1", "--user-programs", "none",
+                                     "--autotune", "1", timeout=120)
     labels = {r["planner"] for r in report["results"]}
     assert labels == {"megatron", "mosaic", "autotune"}
     tuned = report["autotune"]
     best = min(m["measured_s"] for m in tuned["measurements"])
     chosen = next(m for m in tuned["measurements"] if m["label"] == tuned["chosen"])
     assert chosen["measured_s"] == best <= tuned["best_baseline_s"]
-    assert "autotune: chose" in result.stderr
+    assert "autotune: chose" in stderr
 
 
 def test_train_autotune_trains_the_chosen_plan(tmp_path, capsys):

@@ -9,6 +9,7 @@ from mosaic.engine.measure import BenchConfig, BenchError, bench_report, measure
 from mosaic.hardware import H200
 from mosaic.plan import Placement, Plan, Stage
 from mosaic.zoo import get_model
+from tests.helpers import bench_two_ranks
 
 
 def _plans(graph):
@@ -73,19 +74,8 @@ def test_bench_refuses_multi_gpu_plans_in_one_process():
 @pytest.mark.slow
 def test_bench_runs_multi_gpu_plans_under_torchrun(tmp_path):
     """Two gloo processes stand in for two GPUs: every planner's 2-GPU plan is measured."""
-    import os
-    import subprocess
-    import sys
-
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    result = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-         "-m", "mosaic", "bench", "clip", "--gpus", "2", "--preset", "tiny", "--perf-model",
-         "analytic", "--rounds", "1", "--steps-per-round", "2", "--warmup", "1",
-         "--user-programs", "torch-eager", "--cpu-smoke", "--out", str(tmp_path), "--json"],
-        capture_output=True, text=True, timeout=240, env=env)
-    assert result.returncode == 0, result.stderr[-2000:]
-    report = json.loads((tmp_path / "bench.json").read_text())
+    report, _ = bench_two_ranks("clip", tmp_path, "--steps-per-round", "2",
+                                "--user-programs", "torch-eager")
     assert report["gpus"] == 2
     assert {r["planner"] for r in report["results"]} == {"megatron", "distmm", "spindle", "mosaic",
                                                           "torch-eager"}
@@ -137,24 +127,13 @@ def test_bench_measures_a_sharded_plan_beside_a_plain_one(tmp_path, model, make_
     """A plan that shards its modules (FSDP2, or TP) trains its own copy of them, so the plain
     plan keeps whole parameters; both pass the gradient check at the same weights (2 gloo
     ranks)."""
-    import os
-    import subprocess
-    import sys
-
     plans = tmp_path / "plans"
     plans.mkdir()
     make_plan("megatron", False).save(plans / "megatron.json")
     make_plan("mosaic", True).save(plans / "mosaic.json")
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    result = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-         "-m", "mosaic", "bench", model, "--gpus", "2", "--preset", "tiny", "--perf-model",
-         "analytic", "--planners", "megatron,mosaic", "--plans", str(plans), "--rounds", "1",
-         "--steps-per-round", "2", "--warmup", "1", "--user-programs", "none", "--cpu-smoke",
-         "--out", str(tmp_path / "out"), "--json"],
-        capture_output=True, text=True, timeout=240, env=env)
-    assert result.returncode == 0, result.stderr[-2000:]
-    report = json.loads((tmp_path / "out" / "bench.json").read_text())
+    report, _ = bench_two_ranks(model, tmp_path / "out", "--planners", "megatron,mosaic",
+                                "--plans", str(plans), "--steps-per-round", "2",
+                                "--user-programs", "none")
     rows = {r["planner"]: r for r in report["results"]}
     assert set(rows) == {"megatron", "mosaic"}
     placed = [p for s in rows["mosaic"]["plan"]["stages"] for p in s["placements"]]

@@ -71,10 +71,3 @@ class Repredictor:
         model = self._model(hardware, plan.num_gpus, engine)
         seconds = model.iteration_time_s(plan, graph)
         return seconds if engine_term else seconds - model.engine_term_s(plan, graph)
-
-    def describe(self, report: dict[str, Any]) -> str:
-        from mosaic.perf.engine_term import engine_kind
-
-        hardware = hardware_of(report) or "h200"
-        return self._model(hardware, int(report.get("gpus", 1)),
-                           engine_kind(report.get("engine"))).describe()
