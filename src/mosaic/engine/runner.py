@@ -500,6 +500,7 @@ class PlanRunner:
                 # (capture is illegal there) and has no quota: capture them on a side stream.
                 stream = self._streams[m]
                 torch.cuda.graph.default_capture_stream = side if stream is self._main else stream
+                _fresh_cublas_workspaces()
                 self._callables[m] = [
                     torch.cuda.make_graphed_callables(eager, self._samples[m], allow_unused_input=True)
                     for eager in self._callables[m]]
@@ -522,3 +523,22 @@ class PlanRunner:
                 "sm_share": self.plan.placement(m).sm_share,
             })
         return events
+
+
+def _fresh_cublas_workspaces() -> None:
+    """Drop torch's cached cuBLAS workspaces, so the capture that follows allocates its own
+    inside the graph's private memory pool.
+
+    A graph replays the workspace address it captured. Torch caches one workspace per
+    (cuBLAS handle, stream) and frees it whenever the cache is cleared: Inductor's cudagraph
+    trees clear it before every recording, and destroying a graph clears its stream's
+    (pytorch/pytorch#193402). A graph that captured a cached workspace from ordinary memory
+    then scribbles over whatever reuses that memory: with `torch.compile(mode="reduce-overhead")`
+    beside mosaic's graphed plans, an "unspecified launch failure" in the next plan step. A
+    workspace freed inside a live graph's private pool stays reserved to that pool, which
+    takes no further captures.
+    """
+    clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+    if clear is not None:
+        clear()
+

@@ -1,0 +1,39 @@
+"""`mosaic bench` on a GPU (skipped without CUDA): graphed plans, one of them on green
+contexts, timed beside the user's `torch.compile(mode="reduce-overhead")` program.
+
+    PYTHONPATH=src python -m pytest -m gpu tests/gpu/test_bench_gpu.py -s
+
+Inductor's cudagraph trees clear torch's cached cuBLAS workspaces before each recording; a
+plan graph that had captured a cached workspace then faulted ("unspecified launch failure")
+in its next step. The engine now captures with workspaces of its own.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from mosaic.engine.measure import BenchConfig, measure_plans
+from mosaic.engine.session import EngineConfig
+from mosaic.hardware import H200
+from mosaic.zoo import get_model
+from tests.test_engine import one_gpu_plans
+
+pytestmark = pytest.mark.gpu
+
+
+def test_graphed_plans_survive_the_reduce_overhead_user_program():
+    model = get_model("clip")
+    graph = model.graph("small", global_batch=32)
+    plans = {k: p for k, p in one_gpu_plans(graph).items() if k in ("temporal", "partition")}
+    config = BenchConfig(rounds=2, steps_per_round=3, warmup_steps=3, nvml_seconds=0,
+                         engine=EngineConfig(graphs=True, compile="default"),
+                         user_programs=("torch-eager", "torch-compile"))
+    measurements, checks = measure_plans(model, "small", graph, plans, H200, config)
+    medians = {m.label: m.median_s for m in measurements}
+    print({label: round(1e3 * s, 2) for label, s in medians.items()}, checks["gradients"])
+    assert set(medians) == {"temporal", "partition", "torch-eager", "torch-compile"}
+    assert all(math.isfinite(s) and s > 0 for s in medians.values())
+    torch.cuda.synchronize()  # a fault in the last steps surfaces here
