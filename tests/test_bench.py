@@ -61,6 +61,26 @@ def test_identical_plans_are_measured_once_and_reported_for_every_label():
     assert report["results"][1]["same_plan_as"] == "megatron"
 
 
+def test_user_programs_can_be_timed_in_their_own_rounds_after_the_plans(monkeypatch):
+    from mosaic.engine import measure
+
+    model = get_model("clip")
+    graph = model.graph("tiny")
+    order: list[str] = []
+    one_step = measure._one_step
+    monkeypatch.setattr(measure, "_one_step",
+                        lambda s, c: order.append(c.label) or one_step(s, c))
+    config = BenchConfig(rounds=2, steps_per_round=1, warmup_steps=1, nvml_seconds=0,
+                         user_programs=("torch-eager",), user_rounds="apart",
+                         check_gradients=False)
+    measurements, _ = measure_plans(model, "tiny", graph, _plans(graph), H200, config)
+    assert all(len(m.step_times_s) == 2 for m in measurements)
+    timed = order[:9]  # warmup and rounds; the NVML and timeline steps come later
+    assert timed[:6].count("torch-eager") == 0 and set(timed[6:9]) == {"torch-eager"}
+    with pytest.raises(BenchError, match="user_rounds"):
+        BenchConfig(user_rounds="sometimes")
+
+
 def test_bench_refuses_multi_gpu_plans_in_one_process():
     model = get_model("clip")
     graph = model.graph("tiny")

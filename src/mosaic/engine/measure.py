@@ -69,6 +69,7 @@ with the eager reference without it failed at 0.036 against a tolerance of 0.03.
 USER_PROGRAMS = {"torch-eager": None, "torch-compile": "reduce-overhead"}
 """The user's own program, by label: its torch.compile mode (None = eager)."""
 BASELINES = ("megatron", "distmm", "spindle")
+USER_ROUNDS = ("interleaved", "apart")
 
 
 class BenchError(MosaicError):
@@ -84,6 +85,9 @@ class BenchConfig:
     """How every plan runs (CUDA graphs on by default: eager PyTorch is launch-bound)."""
     user_programs: tuple[str, ...] = tuple(USER_PROGRAMS)
     """The user's own programs to measure beside the plans (empty: plans only)."""
+    user_rounds: str = "interleaved"
+    """"interleaved": user programs share the timed rounds with the plans; "apart": the plans'
+    rounds run first, then the user programs' own (same process, same weights and batch)."""
     check_gradients: bool = True
     lr: float = 1e-5
     seed: int = 0
@@ -97,6 +101,8 @@ class BenchConfig:
         unknown = set(self.user_programs) - set(USER_PROGRAMS)
         if unknown:
             raise BenchError(f"user_programs {sorted(unknown)}; choose from {list(USER_PROGRAMS)}")
+        if self.user_rounds not in USER_ROUNDS:
+            raise BenchError(f"user_rounds={self.user_rounds!r}; choose from {list(USER_ROUNDS)}")
 
 
 @dataclass(slots=True)
@@ -345,28 +351,44 @@ def _check_gradients(s: _Setup, names: list[str]) -> tuple[dict[str, dict[str, f
 def _one_step(s: _Setup, c: _Contender) -> float:
     """Seconds of one training step on the slowest rank."""
     _zero_grads(s)
-    start = s.timer.mark()
-    loss = c.step()
-    optimizer = c.optimizer or s.optimizer
-    if optimizer is not None:
-        optimizer.step()
-    seconds = s.timer.seconds(start, s.timer.mark())
-    if not math.isfinite(loss.item()):
+    try:
+        start = s.timer.mark()
+        loss = c.step()
+        optimizer = c.optimizer or s.optimizer
+        if optimizer is not None:
+            optimizer.step()
+        seconds = s.timer.seconds(start, s.timer.mark())
+        finite = math.isfinite(loss.item())
+    except RuntimeError as error:  # CUDA faults surface at the next sync: say whose step it was
+        error.add_note(f"mosaic bench: raised while timing {c.label!r} (a step ends in a sync, "
+                       "so the fault is in this contender's step or optimizer step)")
+        raise
+    if not finite:
         raise BenchError(f"{c.label!r}: loss became non-finite; lower --lr")
     (slowest,) = _world_sum([seconds], s.device, op="max")
     return slowest
 
 
-def _timed_rounds(s: _Setup, config: BenchConfig) -> dict[str, list[float]]:
+def _round_groups(s: _Setup, config: BenchConfig) -> list[list[str]]:
+    """Labels timed together: all of them, or the plans and then the user programs."""
     labels = list(s.contenders)
-    for label in labels:
-        for _ in range(config.warmup_steps):
-            _one_step(s, s.contenders[label])
-    times: dict[str, list[float]] = {label: [] for label in labels}
-    for r in range(config.rounds):
-        for label in labels[r % len(labels):] + labels[:r % len(labels)]:
-            c = s.contenders[label]
-            times[label].extend(_one_step(s, c) for _ in range(config.steps_per_round))
+    if config.user_rounds == "interleaved":
+        return [labels]
+    plans = [label for label in labels if s.contenders[label].program is None]
+    users = [label for label in labels if s.contenders[label].program is not None]
+    return [group for group in (plans, users) if group]
+
+
+def _timed_rounds(s: _Setup, config: BenchConfig) -> dict[str, list[float]]:
+    times: dict[str, list[float]] = {label: [] for label in s.contenders}
+    for labels in _round_groups(s, config):
+        for label in labels:
+            for _ in range(config.warmup_steps):
+                _one_step(s, s.contenders[label])
+        for r in range(config.rounds):
+            for label in labels[r % len(labels):] + labels[:r % len(labels)]:
+                c = s.contenders[label]
+                times[label].extend(_one_step(s, c) for _ in range(config.steps_per_round))
     return times
 
 
