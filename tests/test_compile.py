@@ -54,3 +54,27 @@ def test_only_the_audio_encoder_gets_the_inductor_workaround():
 def test_the_engine_refuses_inductors_own_cuda_graphs():
     with pytest.raises(ValueError, match="captures CUDA graphs itself"):
         compile_modules({"m": torch.nn.Linear(2, 2)}, "reduce-overhead", CompileReport())
+
+
+def test_the_backward_is_compiled_without_retaining_a_graph(monkeypatch):
+    """AOTAutograd refuses retain_graph once a compiled backward donates buffers (OFASys
+    `paper` vision on the H200): the first call compiles the backward on a throwaway forward,
+    so the returned output's graph is the only one the real backward uses."""
+    calls = []
+
+    def fake_compile(module, **kwargs):
+        return module  # stands in for Inductor: the first-call logic is what is tested
+
+    def record_grad(outputs, inputs, **kwargs):
+        calls.append(kwargs)
+        return real_grad(outputs, inputs, **kwargs)
+
+    real_grad = torch.autograd.grad
+    monkeypatch.setattr(torch, "compile", fake_compile)
+    monkeypatch.setattr(torch.autograd, "grad", record_grad)
+    layer = torch.nn.Linear(3, 2)
+    views, report = compile_modules({"m": layer}, "default", CompileReport())
+    x = torch.randn(4, 3, requires_grad=True)
+    views["m"](x).sum().backward()
+    assert len(calls) == 1 and not calls[0].get("retain_graph")
+    assert not report.eager and x.grad is not None and layer.weight.grad is not None

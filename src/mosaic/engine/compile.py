@@ -110,8 +110,8 @@ class CompiledModule(nn.Module):
             return self._compiled(*args)
         start = time.perf_counter()
         try:
+            self._compile_backward(args)
             out = self._compiled(*args)
-            self._compile_backward(out, args)
         except Exception as exc:  # any compiler failure: this module alone runs eagerly
             self._fall_back(exc)
             return self.inner(*args)
@@ -119,14 +119,19 @@ class CompiledModule(nn.Module):
         self._report.compile_s[self.name] = time.perf_counter() - start
         return out
 
-    def _compile_backward(self, out: Any, args: tuple[torch.Tensor, ...]) -> None:
+    def _compile_backward(self, args: tuple[torch.Tensor, ...]) -> None:
         """AOTAutograd compiles the backward at its first use, which is inside the runner's
-        backward, where a failure could not fall back any more: compile it here, on a graph
-        that is kept for the real backward (autograd.grad accumulates into no .grad)."""
+        backward, where a failure could not fall back any more: compile it here, on a
+        throwaway forward (once). Not on the real forward's graph: keeping that graph for the
+        real backward (retain_graph) is refused when the compiled backward donates buffers,
+        as the OFASys `paper` vision encoder's does."""
+        if not torch.is_grad_enabled():
+            return
+        out = self._compiled(*args)
         if not (isinstance(out, torch.Tensor) and out.requires_grad):
             return
         wrt = [t for t in (*args, *self.inner.parameters()) if t.requires_grad]
-        torch.autograd.grad(out.float().sum(), wrt, retain_graph=True, allow_unused=True)
+        torch.autograd.grad(out.float().sum(), wrt, allow_unused=True)  # accumulates no .grad
 
     def _fall_back(self, exc: BaseException) -> None:
         reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
