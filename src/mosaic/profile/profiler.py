@@ -201,7 +201,7 @@ class ModelProfiler:
         self.report.num_distinct = len(distinct)
         for sig, name in distinct.items():
             if sig in self.measured:
-                self.report.notes.append(f"{name}: same cost facts as a module measured before")
+                self.report.notes.append(f"{name}: surface already measured (same cost facts)")
                 continue
             self._surface(sig, name, refine_until)
             self.measured.add(sig)
@@ -396,7 +396,10 @@ def profile_models(models: Sequence[str], db_path: str, cfg: ProfilerConfig,
     antagonist = Antagonist()
     (_, ant_stream), _ = antagonist_streams(bank)
     copy_s = time_group([(antagonist, ant_stream)], cfg.timing).median_s
-    measured: set[str] = set()
+    # Signatures with points already: kept, not re-measured (--update resumes a stopped run).
+    measured: set[str] = {p.signature for p in db.points()} if update else set()
+    if measured:
+        log(f"kept: {len(measured)} module surfaces already in {db_path}")
     reports = []
     try:
         for i, name in enumerate(models):
