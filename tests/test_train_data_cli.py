@@ -56,3 +56,19 @@ def test_tensorboard_gets_the_loss_and_step_time_of_every_step(tmp_path):
     losses = [e.value for e in events.Scalars("train/loss")]
     assert losses == pytest.approx([s["loss"] for s in result.steps])
     assert len(events.Scalars("train/step_time_ms")) == 4
+
+
+def test_torch_trace_covers_the_last_steps_of_every_rank(tmp_path):
+    import gzip
+    import json
+
+    model = ToyModel("toyclip")
+    plan = one_gpu_plans(model.graph("tiny"))["free"]
+    train(TrainConfig(device="cpu", model="toyclip", plan=plan, steps=6, lr=1e-2,
+                      torch_trace_dir=str(tmp_path)), model=model)
+    with gzip.open(tmp_path / "trace-rank0.json.gz", "rt") as f:
+        trace = json.load(f)
+    steps = {e["name"] for e in trace["traceEvents"] if e.get("name", "").startswith("ProfilerStep")}
+    assert steps == {"ProfilerStep#3", "ProfilerStep#4", "ProfilerStep#5"}  # the last 3 of 6
+    table = (tmp_path / "kernels-rank0.txt").read_text()
+    assert "last 3 steps" in table and "aten::" in table

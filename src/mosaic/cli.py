@@ -432,6 +432,9 @@ def train(
                                                      "TensorBoard scalars here (needs the "
                                                      "tensorboard package)",
                                                      callback=_check_tensorboard)] = None,
+    torch_trace: Annotated[Path | None, typer.Option(
+        "--torch-trace", help="run the last 3 steps under torch.profiler: a Chrome trace and a "
+        "table of kernels by GPU time per rank, here")] = None,
     config: Annotated[Path | None, typer.Option("--config", help="job file (TOML, or YAML): "
                                                 "see mosaic.job_config")] = None,
     set_: Annotated[list[str] | None, typer.Option("--set", help="override a job field: "
@@ -485,7 +488,8 @@ def train(
                                 lr=lr, seed=seed, global_batch=batch, hardware=hardware,
                                 checkpoint=ckpt, resume=resume, timeout_s=timeout_s,
                                 skip_nonfinite=skip_nonfinite, data=str(data),
-                                tensorboard_dir=str(tensorboard) if tensorboard else None)
+                                tensorboard_dir=str(tensorboard) if tensorboard else None,
+                                torch_trace_dir=str(torch_trace) if torch_trace else None)
     finally:
         end_distributed(d)
     if int(os.environ.get("RANK", "0")) != 0:
@@ -582,6 +586,7 @@ def bench(
     reduce_dtype: Annotated[str, typer.Option(help="gradient all-reduce precision: fp32 | bf16")] = "fp32",
     accumulation: Annotated[int, typer.Option(help="gradient-accumulation micro-steps per step")] = 1,
     user_programs: Annotated[str, typer.Option(help="the user's own programs to measure too: torch-eager,torch-compile (empty: none)")] = "torch-eager,torch-compile",
+    user_rounds: Annotated[str, typer.Option(help="interleaved: user programs share the plans' timed rounds; apart: their own rounds after the plans'")] = "interleaved",
     plans_dir: Annotated[Path | None, typer.Option("--plans", help="measure the plan JSONs in this "
                                                    "directory (from `mosaic plan --out`) instead of planning")] = None,
     autotune: Annotated[int, typer.Option("--autotune", min=0, help="also measure the K best "
@@ -622,7 +627,7 @@ def bench(
                          engine=EngineConfig(graphs=graphs, compile=_compile_mode(compile_mode),
                                              grad_sync=grad_sync, reduce_dtype=reduce_dtype,
                                              accumulation=accumulation),
-                         user_programs=users)
+                         user_programs=users, user_rounds=user_rounds)
     # Predicted for the engine that will run the plans (its kernels' surfaces, its term).
     perf = make_perf_model(perf_model, cluster, preset=preset,
                            engine=engine_kind(dataclasses.asdict(config.engine)))
@@ -704,11 +709,10 @@ def profile(
         "--surfaces-only", help="skip the bandwidth signatures and colocations")] = False,
     update: Annotated[bool, typer.Option(
         "--update", help="add to the existing --db (keeping its modules, comm curves and "
-        "fits) instead of replacing it")] = False,
+        "fits) instead of replacing it; modules it already holds are skipped, and what a "
+        "stopped run measured stays, so running again resumes")] = False,
 ) -> None:
     """Measure scaling surfaces and colocations on this GPU into a ProfileDB (needs CUDA)."""
-    import shutil
-
     from mosaic.files import atomic_path
     from mosaic.profile.profiler import ProfilerConfig, profile_models
 
@@ -720,12 +724,13 @@ def profile(
               "GPU to profile, or plan here with the shipped profile (--perf-model profiled)")
     db.parent.mkdir(parents=True, exist_ok=True)
     skip = {"antagonist": False, "max_pairs": 0, "max_triples": 0} if surfaces_only else {}
-    with atomic_path(db) as tmp:  # the old DB stays until the new one is complete
-        if update:
-            shutil.copyfile(db, tmp)
-        reports = profile_models(models_, str(tmp), ProfilerConfig(
-            hardware=str(hardware), preset=str(preset), budget_s=budget_s,
-            kernels=str(kernels), **skip), update=update)
+    config = ProfilerConfig(hardware=str(hardware), preset=str(preset), budget_s=budget_s,
+                            kernels=str(kernels), **skip)
+    if update:  # each module's points commit as one transaction: a stopped run keeps them
+        reports = profile_models(models_, str(db), config, update=True)
+    else:
+        with atomic_path(db) as tmp:  # the old DB stays until the new one is complete
+            reports = profile_models(models_, str(tmp), config)
     for r in reports:
         typer.echo(f"{r.model}: {r.points} of {r.full_grid} grid points, {r.colocations} "
                    f"colocations, {r.wall_s:.1f} s{'; ' + '; '.join(r.notes) if r.notes else ''}")

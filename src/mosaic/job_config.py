@@ -8,7 +8,7 @@ A TOML file (tomllib; `.yaml` / `.yml` through pyyaml) of sections mapping onto 
     [plan]    planner, gpus, file, hardware, perf_model
     [engine]  graphs, compile, grad_sync, reduce_dtype, accumulation
     [checkpoint] dir, every, resume
-    [run]     out, overwrite, metrics, tensorboard
+    [run]     out, overwrite, metrics, tensorboard, torch_trace
 
 `--set section.key=value` overrides one field (the value is read as a TOML literal, else as a
 string). Every field is typed and checked; an error names the field. Options given on the
@@ -46,7 +46,7 @@ FIELDS: dict[str, tuple[str, type]] = {
     "checkpoint.dir": ("checkpoint_dir", Path), "checkpoint.every": ("checkpoint_every", int),
     "checkpoint.resume": ("resume", ResumeMode),
     "run.out": ("out", Path), "run.overwrite": ("overwrite", bool), "run.metrics": ("metrics", Path),
-    "run.tensorboard": ("tensorboard", Path),
+    "run.tensorboard": ("tensorboard", Path), "run.torch_trace": ("torch_trace", Path),
 }
 
 

@@ -19,6 +19,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, Protocol
 
 import numpy as np
@@ -132,6 +133,9 @@ class TrainConfig:
     tensorboard_dir: str | None = None
     """Rank 0 also writes loss and step time as TensorBoard scalars here (needs the
     `tensorboard` package)."""
+    torch_trace_dir: str | None = None
+    """Run the last TRACED_STEPS steps under torch.profiler: every rank writes a Chrome trace
+    (trace-rank<R>.json.gz) and its kernels by GPU time (kernels-rank<R>.txt) here."""
 
     def __post_init__(self) -> None:
         if self.resume not in (False, True, "auto"):
@@ -349,6 +353,36 @@ def _tensorboard(config: TrainConfig, d: Dist, first: int):
         writer.close()
 
 
+TRACED_STEPS = 3
+
+
+@contextlib.contextmanager
+def _torch_trace(config: TrainConfig, d: Dist, first: int):
+    """torch.profiler over the run's last TRACED_STEPS steps (after graph capture), written
+    per rank when it ends; an object whose step() is a no-op when tracing is off."""
+    if config.torch_trace_dir is None:
+        yield SimpleNamespace(step=lambda: None)
+        return
+    from torch.profiler import ProfilerActivity, profile, schedule
+
+    left = config.steps - first
+    active = min(TRACED_STEPS, max(1, left - 2))  # the first steps compile and capture
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if d.device.type == "cuda" else [])
+    out = Path(config.torch_trace_dir)
+    out.mkdir(parents=True, exist_ok=True)
+
+    def write(prof: Any) -> None:
+        prof.export_chrome_trace(str(out / f"trace-rank{d.rank}.json.gz"))
+        sort = "self_device_time_total" if d.device.type == "cuda" else "self_cpu_time_total"
+        table = prof.key_averages().table(sort_by=sort, row_limit=40)
+        (out / f"kernels-rank{d.rank}.txt").write_text(
+            f"{config.model} {config.preset}: last {active} steps, rank {d.rank}\n{table}\n")
+
+    with profile(activities=activities, on_trace_ready=write,
+                 schedule=schedule(wait=max(0, left - active - 1), warmup=1, active=active)) as prof:
+        yield prof
+
+
 def _board_scalars(board: Any, row: dict[str, Any]) -> None:
     if board is None:
         return
@@ -366,7 +400,7 @@ def _loop(config: TrainConfig, model: TrainableModel, graph: MMGraph, session: R
     timeline: list[dict[str, Any]] = []
     metrics = _open_metrics(config, d, first)
     try:
-        with _progress(config, d) as (bar, task):
+        with _progress(config, d) as (bar, task), _torch_trace(config, d, first) as tracer:
             bar.update(task, advance=first)
             for step in range(first, config.steps):
                 if fault is not None and fault.due(d.rank, step):
@@ -386,6 +420,7 @@ def _loop(config: TrainConfig, model: TrainableModel, graph: MMGraph, session: R
                     metrics.write(json.dumps(row) + "\n")
                     metrics.flush()
                 _board_scalars(board, row)
+                tracer.step()
                 bar.update(task, advance=1, loss=row["loss"], ms=1e3 * row["step_time_s"])
     finally:
         if metrics is not None:
@@ -649,7 +684,8 @@ def train_from_cli(model: str, preset: str = "tiny", plan_path: str | None = Non
                    global_batch: int | None = None, hardware: str = "h200",
                    checkpoint: CheckpointConfig | None = None, resume: bool | str = False,
                    timeout_s: float | None = 600.0, skip_nonfinite: bool = False,
-                   data: str = "synthetic", tensorboard_dir: str | None = None) -> TrainResult:
+                   data: str = "synthetic", tensorboard_dir: str | None = None,
+                   torch_trace_dir: str | None = None) -> TrainResult:
     """`mosaic train`: checks that the process count matches --gpus (torchrun or not)."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if gpus is not None and gpus != world:
@@ -662,5 +698,6 @@ def train_from_cli(model: str, preset: str = "tiny", plan_path: str | None = Non
                          global_batch=global_batch, engine=engine or EngineConfig(),
                          metrics_path=metrics, hardware=hardware, checkpoint=checkpoint,
                          resume=resume, timeout_s=timeout_s, skip_nonfinite=skip_nonfinite,
-                         data=data, tensorboard_dir=tensorboard_dir)
+                         data=data, tensorboard_dir=tensorboard_dir,
+                         torch_trace_dir=torch_trace_dir)
     return train(config)
