@@ -254,10 +254,18 @@ class RankSession:
     def load_local_batch(self, load: RowLoader) -> list[dict[str, Any]]:
         """This rank's samples of each micro-step, on the device, loading only the rows it
         processes (`local_batch` takes the whole global batch instead). Call untimed."""
-        device = self.runner.device
-        return [{m: tuple(t.to(device, non_blocking=True) for t in ts)
-                 for m, ts in load(ranges).items() if m in ranges}
+        return self.to_device(self.local_rows(load))
+
+    def local_rows(self, load: RowLoader) -> list[dict[str, Any]]:
+        """This rank's samples of each micro-step, on the host. Touches no CUDA state, so a
+        background thread may run it while the GPU step (or a graph capture) goes on."""
+        return [{m: ts for m, ts in load(ranges).items() if m in ranges}
                 for ranges in self.sample_ranges()]
+
+    def to_device(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        device = self.runner.device
+        return [{m: tuple(t.to(device, non_blocking=True) for t in ts) for m, ts in r.items()}
+                for r in rows]
 
     def step(self, data: list[dict[str, Any]]) -> StepOutput:
         """Forward and backward of every micro-step, gradients synchronised once; the loss is

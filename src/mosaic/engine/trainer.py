@@ -353,6 +353,46 @@ def _tensorboard(config: TrainConfig, d: Dist, first: int):
         writer.close()
 
 
+class RowPrefetcher:
+    """This rank's host rows of step k+1, made on a background thread while step k runs.
+
+    Synthetic inputs are drawn on the CPU: 16 ms a step for CLIP `paper` on each of two
+    ranks, measured by torch.profiler on 2 x H200, while the GPU waited. The thread only makes
+    host tensors (the loaders are seeded per step and sample, so the rows are the same as
+    made inline); copying them to the GPU stays on the training thread.
+    """
+
+    def __init__(self, model: TrainableModel, config: TrainConfig, graph: MMGraph,
+                 session: RankSession, steps: range) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        self._make = lambda step: session.local_rows(batch_loader(
+            model, config.preset, graph.global_batch, config.seed, step))
+        self._steps = steps
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mosaic-rows")
+        self._pending: dict[int, Any] = {}
+        self._ask(steps.start)
+
+    def _ask(self, step: int) -> None:
+        if step in self._steps and step not in self._pending:
+            self._pending[step] = self._pool.submit(self._make, step)
+
+    def get(self, step: int) -> list[dict[str, Any]]:
+        """Step `step`'s rows (made now if not asked for); asks for the next step's."""
+        self._ask(step)
+        rows = self._pending.pop(step).result()
+        self._ask(step + 1)
+        return rows
+
+    def __enter__(self) -> RowPrefetcher:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for future in self._pending.values():
+            future.cancel()
+        self._pool.shutdown(wait=True)
+
+
 TRACED_STEPS = 3
 
 
@@ -400,14 +440,15 @@ def _loop(config: TrainConfig, model: TrainableModel, graph: MMGraph, session: R
     timeline: list[dict[str, Any]] = []
     metrics = _open_metrics(config, d, first)
     try:
-        with _progress(config, d) as (bar, task), _torch_trace(config, d, first) as tracer:
+        with _progress(config, d) as (bar, task), _torch_trace(config, d, first) as tracer, \
+                RowPrefetcher(model, config, graph, session, range(first, config.steps)) as rows:
             bar.update(task, advance=first)
             for step in range(first, config.steps):
                 if fault is not None and fault.due(d.rank, step):
                     fault.fire()
                 _mark_progress(d, step)
                 with _named_failures(config, session, d, step):
-                    row, out = _train_step(config, model, graph, session, optimizer, d, timer,
+                    row, out = _train_step(config, rows, graph, session, optimizer, d, timer,
                                            step, fault)
                     row["warmup"] = step - first < config.warmup_steps  # a resumed run warms up too
                     steps.append(row)
@@ -428,13 +469,12 @@ def _loop(config: TrainConfig, model: TrainableModel, graph: MMGraph, session: R
     return steps, timeline
 
 
-def _train_step(config: TrainConfig, model: TrainableModel, graph: MMGraph,
+def _train_step(config: TrainConfig, rows: RowPrefetcher, graph: MMGraph,
                 session: RankSession, optimizer: torch.optim.Optimizer | None, d: Dist,
                 timer: Timer, step: int, fault: Fault | None):
     """One optimizer step and its metrics line. A non-finite loss or gradient stops the run
     before the update, or (skip_nonfinite) skips the update."""
-    data = session.load_local_batch(batch_loader(model, config.preset, graph.global_batch,
-                                                 config.seed, step))
+    data = session.to_device(rows.get(step))
     if optimizer is not None:
         optimizer.zero_grad(set_to_none=True)
     start = timer.mark()

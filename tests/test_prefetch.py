@@ -1,0 +1,42 @@
+"""The trainer makes step k+1's host rows on a background thread: the same rows as made
+inline, in step order, with a data source's error raised on the training thread."""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from mosaic.engine.session import batch_loader
+from mosaic.engine.trainer import RowPrefetcher
+from tests.test_engine import ToyModel
+
+RANGES = {"vision": (1, 3), "text": (0, 4)}
+
+
+def _prefetcher(model, steps: range) -> RowPrefetcher:
+    session = SimpleNamespace(local_rows=lambda load: [load(RANGES)])
+    config = SimpleNamespace(preset="tiny", seed=7)
+    return RowPrefetcher(model, config, SimpleNamespace(global_batch=4), session, steps)
+
+
+def test_prefetched_rows_equal_inline_rows_in_step_order():
+    model = ToyModel("toyclip")
+    with _prefetcher(model, range(2, 6)) as rows:
+        got = [rows.get(step) for step in range(2, 6)]
+    asked = [r["step"] for r in model.requested]
+    assert asked == [2, 3, 4, 5]
+    for step, (mine,) in zip(range(2, 6), got, strict=True):
+        inline = batch_loader(model, "tiny", 4, 7, step)(RANGES)
+        for name, tensors in inline.items():
+            for a, b in zip(mine[name], tensors, strict=True):
+                assert torch.equal(a, b)
+
+
+def test_a_data_source_error_reaches_the_training_thread():
+    class Broken(ToyModel):
+        def make_rows(self, *args, **kwargs):
+            raise OSError("shard 3 unreadable")
+
+    with _prefetcher(Broken("toyclip"), range(0, 3)) as rows, \
+            pytest.raises(OSError, match="shard 3"):
+        rows.get(0)
