@@ -81,6 +81,43 @@ def test_user_programs_can_be_timed_in_their_own_rounds_after_the_plans(monkeypa
         BenchConfig(user_rounds="sometimes")
 
 
+def test_engine_variants_are_parsed_checked_and_labelled():
+    from mosaic.engine.measure import engine_variant, parse_variant, variant_label
+    from mosaic.engine.session import EngineConfig
+
+    settings = parse_variant("grad_sync=bucketed, bucket_view=false")
+    assert settings == {"grad_sync": "bucketed", "bucket_view": False}
+    assert variant_label("megatron", settings) == "megatron@grad_sync=bucketed,bucket_view=false"
+    assert engine_variant(EngineConfig(), settings).grad_sync == "bucketed"
+    with pytest.raises(BenchError, match="compile"):
+        engine_variant(EngineConfig(), {"compile": "default"})
+    with pytest.raises(BenchError, match="bf16"):  # the engine's own check, named
+        engine_variant(EngineConfig(), {"grad_sync": "bucketed", "reduce_dtype": "bf16"})
+    with pytest.raises(BenchError, match="FIELD=VALUE"):
+        parse_variant("bucketed")
+
+
+def test_a_plan_under_another_engine_is_measured_apart_from_itself():
+    from mosaic.engine.session import EngineConfig
+    from mosaic.perf.engine_term import engine_kind, row_engine
+
+    model = get_model("clip")
+    graph = model.graph("tiny")
+    plans = _plans(graph)
+    plans["megatron@bucket_view=false"] = plans["megatron"]
+    config = BenchConfig(rounds=1, steps_per_round=1, warmup_steps=0, nvml_seconds=0,
+                         user_programs=())
+    engines = {"megatron@bucket_view=false": replace(config.engine, bucket_view=False)}
+    measurements, _ = measure_plans(model, "tiny", graph, plans, H200, config, engines)
+    rows = {m.label: m for m in measurements}
+    assert rows["megatron@bucket_view=false"].same_plan_as is None  # not a twin: other engine
+    assert rows["megatron@bucket_view=false"].engine_variant == {"bucket_view": False}
+    report = {"engine": {"graphs": True, "compile": "default", "grad_sync": "ddp"}}
+    row = {"engine_variant": {"grad_sync": "bucketed"}}
+    assert engine_kind(row_engine(report, row)) == "graphs+compile-default+bucketed"
+    assert isinstance(EngineConfig().bucket_view, bool)
+
+
 def test_bench_refuses_multi_gpu_plans_in_one_process():
     model = get_model("clip")
     graph = model.graph("tiny")
@@ -93,12 +130,19 @@ def test_bench_refuses_multi_gpu_plans_in_one_process():
 
 @pytest.mark.slow
 def test_bench_runs_multi_gpu_plans_under_torchrun(tmp_path):
-    """Two gloo processes stand in for two GPUs: every planner's 2-GPU plan is measured."""
+    """Two gloo processes stand in for two GPUs: every planner's 2-GPU plan is measured, and
+    the data-parallel ones once more on the hand-written all-reduce (an A/B in one run)."""
     report, _ = bench_two_ranks("clip", tmp_path, "--steps-per-round", "2",
-                                "--user-programs", "torch-eager")
+                                "--user-programs", "torch-eager",
+                                "--engine-variant", "grad_sync=bucketed")
     assert report["gpus"] == 2
-    assert {r["planner"] for r in report["results"]} == {"megatron", "distmm", "spindle", "mosaic",
-                                                          "torch-eager"}
+    labels = {r["planner"] for r in report["results"]}
+    variants = {label for label in labels if "@" in label}
+    assert labels - variants == {"megatron", "distmm", "spindle", "mosaic", "torch-eager"}
+    assert "megatron@grad_sync=bucketed" in variants
+    rows = {r["planner"]: r for r in report["results"]}
+    assert rows["megatron@grad_sync=bucketed"]["engine_variant"] == {"grad_sync": "bucketed"}
+    assert rows["megatron"]["engine_variant"] is None
     assert report["checks"]["gradients"]["tolerance"] <= 1e-3
     assert all(max(r["grad_error"].values()) < 1e-4 for r in report["results"])
     assert all(r["measured_iteration_s"] > 0 and r["num_steps"] == 1 for r in report["results"])

@@ -587,6 +587,10 @@ def bench(
     accumulation: Annotated[int, typer.Option(help="gradient-accumulation micro-steps per step")] = 1,
     user_programs: Annotated[str, typer.Option(help="the user's own programs to measure too: torch-eager,torch-compile (empty: none)")] = "torch-eager,torch-compile",
     user_rounds: Annotated[str, typer.Option(help="interleaved: user programs share the plans' timed rounds; apart: their own rounds after the plans'")] = "interleaved",
+    engine_variants: Annotated[list[str] | None, typer.Option(
+        "--engine-variant", help="also measure every data-parallel plan with these gradient-sync "
+        "settings, in the same rounds (repeatable), e.g. grad_sync=bucketed or "
+        "bucket_view=false,reduce_dtype=bf16; labelled PLAN@SETTINGS")] = None,
     plans_dir: Annotated[Path | None, typer.Option("--plans", help="measure the plan JSONs in this "
                                                    "directory (from `mosaic plan --out`) instead of planning")] = None,
     autotune: Annotated[int, typer.Option("--autotune", min=0, help="also measure the K best "
@@ -608,7 +612,15 @@ def bench(
               "machine, or pass --cpu-smoke to check on CPU that it runs")
 
     from mosaic.engine.comm import share_from_rank0
-    from mosaic.engine.measure import BenchConfig, bench_report, measure_plans
+    from mosaic.engine.measure import (
+        BenchConfig,
+        bench_report,
+        engine_variant,
+        measure_plans,
+        parse_variant,
+        synchronises_gradients,
+        variant_label,
+    )
     from mosaic.engine.session import EngineConfig, end_distributed, start_distributed
     from mosaic.hardware import make_cluster
     from mosaic.perf import make_perf_model
@@ -632,22 +644,36 @@ def bench(
     perf = make_perf_model(perf_model, cluster, preset=preset,
                            engine=engine_kind(dataclasses.asdict(config.engine)))
 
+    variants = [parse_variant(v) for v in engine_variants or []]
+    for settings in variants:  # refuse a bad variant before planning and set-up
+        engine_variant(config.engine, settings)
+
     def make_plans() -> dict:
         if plans_dir is None:
             plans = {p.planner: p for p in plan_all(graph, cluster, perf, names)}
         else:
             plans = {k: perf.predict(p, graph)
                      for k, p in load_plans(plans_dir, names, graph, cluster).items()}
+        for settings in variants:  # each predicted for the engine it will run on
+            engine = engine_variant(config.engine, settings)
+            model = make_perf_model(perf_model, cluster, preset=preset,
+                                    engine=engine_kind(dataclasses.asdict(engine)))
+            plans |= {variant_label(k, settings): model.predict(p, graph)
+                      for k, p in list(plans.items())
+                      if "@" not in k and synchronises_gradients(p)}
         return {k: p.to_dict() for k, p in plans.items()}
 
     d = start_distributed(None)
     try:
         plans = {k: Plan.from_dict(v) for k, v in share_from_rank0(make_plans, d.device).items()}
+        engines = {variant_label(k, s): engine_variant(config.engine, s)
+                   for s in variants for k in plans if variant_label(k, s) in plans}
         tuned = _autotune(zoo_model, str(preset), graph, cluster, perf, autotune, config.engine,
                           cpu=d.device.type == "cpu") if autotune else None
         if tuned is not None:
             plans["autotune"] = tuned.plan
-        measurements, checks = measure_plans(zoo_model, preset, graph, plans, cluster.gpu, config)
+        measurements, checks = measure_plans(zoo_model, preset, graph, plans, cluster.gpu, config,
+                                             engines)
     finally:
         end_distributed(d)
     if d.rank != 0:

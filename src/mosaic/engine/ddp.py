@@ -20,11 +20,6 @@ from torch.nn.parallel import DistributedDataParallel
 BUCKET_CAP_MB = 100
 """DDP bucket size: a whole module's backward is one CUDA-graph replay, so buckets become ready
 together at its end; large buckets mean fewer collective launches."""
-GRADIENT_AS_BUCKET_VIEW = True
-"""Gradients are views into DDP's buckets, so the reduced bucket needs no copy back into each
-gradient. A torch.profiler trace of a data-parallel CLIP `paper` step on 2 x H200 found the host
-bound, with two copies per parameter tensor per step (into the bucket and back, ~800 launches);
-this removes the second. Its effect on step time is not measured yet."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,16 +46,22 @@ def _sum_hook(state: _HookState, bucket: dist.GradBucket) -> torch.futures.Futur
 
 
 def wrap_ddp(module: nn.Module, group: Any, device: torch.device, *, divide_by: int = 1,
-             reduce_dtype: torch.dtype = torch.float32) -> DistributedDataParallel:
+             reduce_dtype: torch.dtype = torch.float32,
+             bucket_view: bool = True) -> DistributedDataParallel:
     """DDP around `module` (the runner's callable; CUDA-graph capture later replaces its forward
     in place, so the wrapper stays valid). Replicas already
     hold identical weights (seeded per module), so construction does not broadcast them.
     Not `static_graph`: its first-iteration bookkeeping went wrong (a module's gradients lost,
     caught by the bench's gradient check) when two plans' DDP wrappers share parameters, as
-    in `mosaic bench`; unused parameters are ignored explicitly instead (runner.py)."""
+    in `mosaic bench`; unused parameters are ignored explicitly instead (runner.py).
+
+    `bucket_view`: gradients are views into the buckets, so a reduced bucket needs no copy back
+    into each gradient. A torch.profiler trace of a data-parallel CLIP `paper` step on 2 x H200
+    found the host the bottleneck, with two copies per parameter tensor per step (into the
+    bucket and back, ~800 launches); this removes the second. Not yet measured on the GPU."""
     ddp = DistributedDataParallel(
         module, device_ids=[device] if device.type == "cuda" else None, process_group=group,
-        broadcast_buffers=False, bucket_cap_mb=BUCKET_CAP_MB, gradient_as_bucket_view=GRADIENT_AS_BUCKET_VIEW,
+        broadcast_buffers=False, bucket_cap_mb=BUCKET_CAP_MB, gradient_as_bucket_view=bucket_view,
         static_graph=False, init_sync=False)
     ddp.register_comm_hook(_HookState(group, divide_by, reduce_dtype), _sum_hook)
     return ddp

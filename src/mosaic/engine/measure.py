@@ -70,6 +70,8 @@ USER_PROGRAMS = {"torch-eager": None, "torch-compile": "reduce-overhead"}
 """The user's own program, by label: its torch.compile mode (None = eager)."""
 BASELINES = ("megatron", "distmm", "spindle")
 USER_ROUNDS = ("interleaved", "apart")
+VARIANT_FIELDS = ("grad_sync", "reduce_dtype", "bucket_view")
+"""Engine settings a bench may vary per contender: gradient synchronisation only."""
 
 
 class BenchError(MosaicError):
@@ -120,6 +122,8 @@ class PlanMeasurement:
     """This rank's seconds to build the plan's session and capture its graphs (0: a user program)."""
     same_plan_as: str | None = None
     """Another label whose plan is identical (plan_key): measured once, reported for both."""
+    engine_variant: dict[str, Any] | None = None
+    """The engine settings this contender ran with where they differ from the bench's own."""
 
     @property
     def median_s(self) -> float:
@@ -134,7 +138,7 @@ class PlanMeasurement:
             "num_steps": len(t), "quotas_enforced": bool(self.pool.get("enforced")),
             "pool_backend": self.pool.get("backend", "-"), "measured_gpu_util": self.gpu_util,
             "max_grad_error": max(self.grad_error.values(), default=None),
-            "same_plan_as": self.same_plan_as,
+            "same_plan_as": self.same_plan_as, "engine_variant": self.engine_variant,
         }
 
 
@@ -188,7 +192,7 @@ def _user_contender(label: str, program: UserProgram, batch: dict) -> _Contender
 
 
 def _setup(model, preset: str, graph: MMGraph, plans: dict[str, Plan], gpu: GPUSpec,
-           config: BenchConfig) -> _Setup:
+           config: BenchConfig, engines: dict[str, EngineConfig]) -> _Setup:
     d = start_distributed(None)
     for label, plan in plans.items():
         if plan.num_gpus != d.world_size:
@@ -199,18 +203,19 @@ def _setup(model, preset: str, graph: MMGraph, plans: dict[str, Plan], gpu: GPUS
     shared = [plan for plan in plans.values() if not _reshapes(plan)]
     names = graph.names if config.user_programs else local_modules(shared, d.rank)
     modules = build_modules(model, preset, names, config.seed, d.device)
-    engine = config.engine if d.device.type == "cuda" else replace(config.engine, graphs=False)
+    engine = _on_device(config.engine, d)
     views, compiled = compile_modules(modules, engine.compile)
     batch = make_batch(model, preset, graph.global_batch, config.seed, 0)
     contenders: dict[str, _Contender] = {}
     try:
         for label, plan in plans.items():
             start = time.perf_counter()
+            own_engine = _on_device(engines.get(label, config.engine), d)
             if _reshapes(plan):
                 contenders[label] = _own_contender(label, plan, model, preset, graph, d, gpu,
-                                                   engine, config, compiled, batch)
+                                                   own_engine, config, compiled, batch)
             else:
-                session = RankSession.create(plan, graph, modules, d, gpu, engine, views=views)
+                session = RankSession.create(plan, graph, modules, d, gpu, own_engine, views=views)
                 contenders[label] = _plan_contender(label, session, batch)
             contenders[label].startup_s = time.perf_counter() - start
     except BaseException:
@@ -220,6 +225,52 @@ def _setup(model, preset: str, graph: MMGraph, plans: dict[str, Plan], gpu: GPUS
     optimizer = make_optimizer("adamw", params, config.lr) if params else None
     return _Setup(d, contenders, optimizer, params, modules, compiled, Timer(d.device), batch,
                   graph, engine)
+
+
+def _on_device(engine: EngineConfig, d: Dist) -> EngineConfig:
+    return engine if d.device.type == "cuda" else replace(engine, graphs=False)
+
+
+def engine_variant(base: EngineConfig, settings: dict[str, Any]) -> EngineConfig:
+    """`base` with the gradient-sync settings of one `--engine-variant` (checked)."""
+    unknown = set(settings) - set(VARIANT_FIELDS)
+    if unknown:
+        raise BenchError(f"engine variant fields {sorted(unknown)}: a variant may change only "
+                         f"{', '.join(VARIANT_FIELDS)} (the modules are compiled once for all)")
+    try:
+        engine = replace(base, **settings)
+        engine.runner_config()  # the runner's own checks, now rather than at set-up
+        return engine
+    except MosaicError as exc:
+        raise BenchError(f"engine variant {settings}: {exc}") from None
+
+
+def parse_variant(text: str) -> dict[str, Any]:
+    """`--engine-variant "grad_sync=bucketed,bucket_view=false"` -> the settings, typed."""
+    settings: dict[str, Any] = {}
+    for item in (part.strip() for part in text.split(",") if part.strip()):
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise BenchError(f"--engine-variant {text!r}: write FIELD=VALUE[,FIELD=VALUE], e.g. "
+                             "grad_sync=bucketed")
+        key = key.strip()
+        if key == "bucket_view":
+            if value.strip().lower() not in ("true", "false"):
+                raise BenchError(f"--engine-variant {text!r}: bucket_view is true or false")
+            settings[key] = value.strip().lower() == "true"
+        else:
+            settings[key] = value.strip()
+    return settings
+
+
+def variant_label(label: str, settings: dict[str, Any]) -> str:
+    return label + "@" + ",".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}"
+                                  for k, v in settings.items())
+
+
+def synchronises_gradients(plan: Plan) -> bool:
+    """Whether some module of `plan` is data-parallel (so gradient-sync settings matter)."""
+    return any(p.dp_degree > 1 for st in plan.stages for p in st.placements)
 
 
 def _reshapes(plan: Plan) -> bool:
@@ -448,12 +499,18 @@ def _nvml_util(s: _Setup, c: _Contender, seconds: float) -> float | None:
 
 # --- the whole measurement -----------------------------------------------------------------------
 def measure_plans(model, preset: str, graph: MMGraph, plans: dict[str, Plan], gpu: GPUSpec,
-                  config: BenchConfig | None = None) -> tuple[list[PlanMeasurement], dict[str, Any]]:
+                  config: BenchConfig | None = None,
+                  engines: dict[str, EngineConfig] | None = None,
+                  ) -> tuple[list[PlanMeasurement], dict[str, Any]]:
     """Time every plan and user program on this machine's GPU (or CPU), interleaved; see the
-    module docstring. Returns the measurements and the checks made (tolerances, compile)."""
+    module docstring. `engines` runs some labels on other gradient-sync settings than
+    `config.engine` (an A/B of those settings in one run). Returns the measurements and the
+    checks made (tolerances, compile)."""
     config = config or BenchConfig()
-    plans, same = _distinct(plans)
-    s = _setup(model, preset, graph, plans, gpu, config)
+    engines = engines or {}
+    variants = {label: _differences(config.engine, engine) for label, engine in engines.items()}
+    plans, same = _distinct(plans, variants)
+    s = _setup(model, preset, graph, plans, gpu, config, engines)
     try:
         _check_losses("eager", _losses(s))
         for c in s.contenders.values():
@@ -473,14 +530,20 @@ def measure_plans(model, preset: str, graph: MMGraph, plans: dict[str, Plan], gp
                 label=label, plan=plans.get(label), step_times_s=times[label],
                 pool=c.session.pool.describe() if c.session else {},
                 timeline=_timeline(s, c), gpu_util=_nvml_util(s, c, config.nvml_seconds),
-                grad_error=errors.get(label, {}), startup_s=c.startup_s))
+                grad_error=errors.get(label, {}), startup_s=c.startup_s,
+                engine_variant=variants.get(label) or None))
         return _with_twins(results, same, plans), checks
     finally:
         _close(s.contenders)
         end_distributed(s.dist)
 
 
-def _distinct(plans: dict[str, Plan]) -> tuple[dict[str, Plan], dict[str, tuple[str, Plan]]]:
+def _differences(base: EngineConfig, engine: EngineConfig) -> dict[str, Any]:
+    return {f: getattr(engine, f) for f in VARIANT_FIELDS if getattr(engine, f) != getattr(base, f)}
+
+
+def _distinct(plans: dict[str, Plan], variants: dict[str, dict[str, Any]],
+              ) -> tuple[dict[str, Plan], dict[str, tuple[str, Plan]]]:
     """The plans to measure, one per placement structure, and each other label's twin (the
     label measured for it) with its own plan. Planners often agree (DistMM, Spindle and
     Megatron on one GPU): measuring a plan twice costs time and graph memory, and showed a
@@ -489,7 +552,8 @@ def _distinct(plans: dict[str, Plan]) -> tuple[dict[str, Plan], dict[str, tuple[
     distinct: dict[str, Plan] = {}
     same: dict[str, tuple[str, Plan]] = {}
     for label, plan in plans.items():
-        twin = first.setdefault(plan_key(plan), label)
+        key = (plan_key(plan), tuple(sorted(variants.get(label, {}).items())))
+        twin = first.setdefault(key, label)
         if twin == label:
             distinct[label] = plan
         else:

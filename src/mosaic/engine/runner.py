@@ -72,6 +72,8 @@ class RunnerConfig:
     100 MB all-reduces after the module's backward; kept to measure against)."""
     reduce_dtype: str = "fp32"
     """'bf16' all-reduces gradients in bf16 (half the bytes; as Megatron and FSDP offer)."""
+    bucket_view: bool = True
+    """With 'ddp': gradients are views into DDP's buckets (ddp.py says why)."""
 
     def __post_init__(self) -> None:
         if self.grad_sync not in GRAD_SYNC:
@@ -232,7 +234,8 @@ class PlanRunner:
             DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(callable_, unused)
             divide_by = placement.dp_degree if self.global_batch[m] else 1
             wrapped[m] = wrap_ddp(callable_, group, self.device, divide_by=divide_by,
-                                  reduce_dtype=REDUCE_DTYPES[self.config.reduce_dtype])
+                                  reduce_dtype=REDUCE_DTYPES[self.config.reduce_dtype],
+                                  bucket_view=self.config.bucket_view)
         return wrapped
 
     def release_ddp(self) -> None:

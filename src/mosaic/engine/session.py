@@ -55,6 +55,8 @@ class EngineConfig:
     """'ddp' (DistributedDataParallel per module) or 'bucketed' (flat all-reduce after backward)."""
     reduce_dtype: str = "fp32"
     """Gradient all-reduce precision: 'fp32' or 'bf16'."""
+    bucket_view: bool = True
+    """With 'ddp': gradients are views into DDP's buckets (no copy back after the all-reduce)."""
     accumulation: int = 1
     """Micro-steps per optimizer step (gradient accumulation): each runs global_batch / this."""
     timeline: bool = False
@@ -71,7 +73,8 @@ class EngineConfig:
 
     def runner_config(self) -> RunnerConfig:
         return RunnerConfig(graphs=self.graphs, amp=self.amp, timeline=self.timeline,
-                            grad_sync=self.grad_sync, reduce_dtype=self.reduce_dtype)
+                            grad_sync=self.grad_sync, reduce_dtype=self.reduce_dtype,
+                            bucket_view=self.bucket_view)
 
 
 # --- the process and what it builds ----------------------------------------------------------

@@ -153,6 +153,14 @@ def engine_kind(engine: dict[str, Any] | None) -> str:
     return "+".join(parts) or "eager"
 
 
+def row_engine(report: dict[str, Any], row: dict[str, Any]) -> dict[str, Any] | None:
+    """The engine one bench row ran on: the bench's, with the row's `engine_variant` (from
+    `mosaic bench --engine-variant`) over it."""
+    engine = report.get("engine")
+    variant = row.get("engine_variant")
+    return {**(engine or {}), **variant} if engine and variant else engine
+
+
 def kernels_of_engine(engine: str | None) -> str:
     """The profile kernels (ProfileDB `kernels`) an engine kind runs: `compile-<mode>` when it
     compiles, else eager."""
@@ -207,11 +215,11 @@ def rows_from_results(paths: str | Path | Iterable[str | Path],
         report = load_bench_result(path) or {}
         if repredict is None and not str(report.get("perf_model", "")).startswith("profiled"):
             continue
-        kind = engine_kind(report.get("engine"))
         graph = _graph(report["model"], report["preset"], int(report["global_batch"]), graphs)
         for r in report.get("results", []):
             if not (r.get("plan") and r.get("measured_iteration_s")):
                 continue
+            kind = engine_kind(row_engine(report, r))
             predicted = (repredict.predict(report, r, engine_term=False) if repredict is not None
                          else r.get("predicted_iteration_s"))
             if predicted:

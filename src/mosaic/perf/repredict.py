@@ -53,7 +53,7 @@ class Repredictor:
                 engine_term: bool = True) -> float | None:
         """Seconds per iteration of `row`'s plan; None for rows without a plan (user programs)
         or results this model cannot place (unknown GPU, a plan format it cannot read)."""
-        from mosaic.perf.engine_term import engine_kind
+        from mosaic.perf.engine_term import engine_kind, row_engine
 
         hardware = hardware_of(report)
         if not row.get("plan") or hardware is None:
@@ -62,7 +62,7 @@ class Repredictor:
             plan = Plan.from_dict(row["plan"])
         except (PlanError, ValueError):
             return None
-        return self.predict_plan(hardware, engine_kind(report.get("engine")), plan,
+        return self.predict_plan(hardware, engine_kind(row_engine(report, row)), plan,
                                  self.graph(report), engine_term=engine_term)
 
     def predict_plan(self, hardware: str, engine: str, plan: Plan, graph: MMGraph, *,
