@@ -618,7 +618,6 @@ def bench(
         engine_variant,
         measure_plans,
         parse_variant,
-        synchronises_gradients,
         variant_label,
     )
     from mosaic.engine.session import EngineConfig, end_distributed, start_distributed
@@ -654,19 +653,14 @@ def bench(
         else:
             plans = {k: perf.predict(p, graph)
                      for k, p in load_plans(plans_dir, names, graph, cluster).items()}
-        for settings in variants:  # each predicted for the engine it will run on
-            engine = engine_variant(config.engine, settings)
-            model = make_perf_model(perf_model, cluster, preset=preset,
-                                    engine=engine_kind(dataclasses.asdict(engine)))
-            plans |= {variant_label(k, settings): model.predict(p, graph)
-                      for k, p in list(plans.items())
-                      if "@" not in k and synchronises_gradients(p)}
+        plans |= _variant_plans(plans, variants, config.engine, str(perf_model), cluster,
+                                str(preset), graph)
         return {k: p.to_dict() for k, p in plans.items()}
 
     d = start_distributed(None)
     try:
         plans = {k: Plan.from_dict(v) for k, v in share_from_rank0(make_plans, d.device).items()}
-        engines = {variant_label(k, s): engine_variant(config.engine, s)
+        engines = {variant_label(k, s): engine_variant(config.engine, s)  # labels it added
                    for s in variants for k in plans if variant_label(k, s) in plans}
         tuned = _autotune(zoo_model, str(preset), graph, cluster, perf, autotune, config.engine,
                           cpu=d.device.type == "cpu") if autotune else None
@@ -691,6 +685,24 @@ def bench(
         typer.echo(json.dumps(report, indent=2, default=str))
     else:
         print_bench_table(report)
+
+
+def _variant_plans(plans: dict, variants: list[dict], base, perf_model: str, cluster,
+                   preset: str, graph) -> dict:
+    """For each `--engine-variant`, every data-parallel plan again under its label
+    PLAN@SETTINGS, predicted for the engine kind it will run on."""
+    from mosaic.engine.measure import engine_variant, synchronises_gradients, variant_label
+    from mosaic.perf import make_perf_model
+    from mosaic.perf.engine_term import engine_kind
+
+    added = {}
+    for settings in variants:
+        engine = engine_variant(base, settings)
+        model = make_perf_model(perf_model, cluster, preset=preset,
+                                engine=engine_kind(dataclasses.asdict(engine)))
+        added |= {variant_label(k, settings): model.predict(p, graph)
+                  for k, p in plans.items() if synchronises_gradients(p)}
+    return added
 
 
 def _autotune(zoo_model, preset: str, graph, cluster, perf, k: int, engine, *, cpu: bool):
