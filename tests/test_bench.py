@@ -131,17 +131,17 @@ def test_bench_refuses_multi_gpu_plans_in_one_process():
 @pytest.mark.slow
 def test_bench_runs_multi_gpu_plans_under_torchrun(tmp_path):
     """Two gloo processes stand in for two GPUs: every planner's 2-GPU plan is measured, and
-    the data-parallel ones once more on the hand-written all-reduce (an A/B in one run)."""
+    the data-parallel ones once more on flat gradient buffers (an A/B in one run)."""
     report, _ = bench_two_ranks("clip", tmp_path, "--steps-per-round", "2",
                                 "--user-programs", "torch-eager",
-                                "--engine-variant", "grad_sync=bucketed")
+                                "--engine-variant", "grad_sync=flat")
     assert report["gpus"] == 2
     labels = {r["planner"] for r in report["results"]}
     variants = {label for label in labels if "@" in label}
     assert labels - variants == {"megatron", "distmm", "spindle", "mosaic", "torch-eager"}
-    assert "megatron@grad_sync=bucketed" in variants
+    assert "megatron@grad_sync=flat" in variants
     rows = {r["planner"]: r for r in report["results"]}
-    assert rows["megatron@grad_sync=bucketed"]["engine_variant"] == {"grad_sync": "bucketed"}
+    assert rows["megatron@grad_sync=flat"]["engine_variant"] == {"grad_sync": "flat"}
     assert rows["megatron"]["engine_variant"] is None
     assert report["checks"]["gradients"]["tolerance"] <= 1e-3
     assert all(max(r["grad_error"].values()) < 1e-4 for r in report["results"])

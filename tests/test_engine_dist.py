@@ -189,10 +189,12 @@ def test_two_processes_equal_one(tmp_path, references):
         assert not (tmp_path / name / "metrics.jsonl").exists()
 
 
-def test_two_processes_with_bucketed_all_reduce_equal_one(tmp_path, references):
-    """The hand-written all-reduce stays correct while it is kept to measure DDP against."""
+@pytest.mark.parametrize("grad_sync", ["bucketed", "flat"])
+def test_two_processes_with_hand_written_all_reduce_equal_one(tmp_path, references, grad_sync):
+    """The bucketed all-reduce (kept to measure DDP against) and the flat gradient buffers
+    train every 2-process plan as one process does."""
     cases = cases_2()
-    run_workers(2, cases, tmp_path, grad_sync="bucketed")
+    run_workers(2, cases, tmp_path, grad_sync=grad_sync)
     for name, (toy, plan) in cases.items():
         check_case(tmp_path, name, toy, plan, 2, references[toy])
 
@@ -202,3 +204,27 @@ def test_four_processes_equal_one(tmp_path, references):
     run_workers(4, cases, tmp_path)
     for name, (toy, plan) in cases.items():
         check_case(tmp_path, name, toy, plan, 4, references[toy])
+
+
+def test_flat_gradients_accumulate_in_place_and_repair_replaced_ones(monkeypatch):
+    """After attach(), autograd adds into the buffer's views (no copy); a .grad replaced
+    since (a new tensor, or None) is copied in before the one all-reduce per buffer."""
+    from mosaic.engine import comm
+
+    reduced = []
+    monkeypatch.setattr(comm.dist, "all_reduce", lambda t, group=None: reduced.append(t))
+    layer = torch.nn.Linear(3, 2)
+    flat = comm.FlatGrads(list(layer.parameters()))
+    flat.attach()
+    layer(torch.ones(4, 3)).sum().backward()
+    assert layer.weight.grad.data_ptr() == flat.views[0].data_ptr()  # accumulated in place
+    expected_weight = layer.weight.grad.clone()
+    layer.bias.grad = torch.full((2,), 7.0)  # replaced, e.g. by a zero_grad(set_to_none) user
+    flat.reduce(group=None, divide_by=2)
+    assert len(reduced) == 1 and reduced[0].numel() == 8  # one buffer, every parameter
+    assert torch.equal(layer.weight.grad, expected_weight / 2)
+    assert torch.equal(layer.bias.grad, torch.full((2,), 3.5))
+    assert layer.bias.grad.data_ptr() == flat.views[1].data_ptr()
+    layer.weight.grad = None  # no gradient this step: zeros, as every replica must send
+    flat.reduce(group=None)
+    assert torch.equal(layer.weight.grad, torch.zeros(2, 3))

@@ -408,7 +408,7 @@ def train(
     perf_model: Annotated[PerfModelName, typer.Option("--perf-model", help="auto: profiled where a "
                                                       "profile is shipped")] = PerfModelName.auto,
     compile_mode: Annotated[str | None, typer.Option("--compile", help="Inductor per module: default | max-autotune-no-cudagraphs (GPU)")] = None,
-    grad_sync: Annotated[str, typer.Option(help="ddp | bucketed")] = "ddp",
+    grad_sync: Annotated[str, typer.Option(help="ddp | flat | bucketed: DDP per module, one flat gradient buffer per module, or the old bucketed all-reduce")] = "ddp",
     reduce_dtype: Annotated[str, typer.Option(help="gradient all-reduce precision: fp32 | bf16")] = "fp32",
     accumulation: Annotated[int, typer.Option(help="gradient-accumulation micro-steps per step")] = 1,
     checkpoint_dir: Annotated[Path | None, typer.Option(help="directory for atomic checkpoints (torch.distributed.checkpoint)")] = None,
@@ -582,7 +582,7 @@ def bench(
     warmup: Annotated[int, typer.Option(help="untimed steps per plan first")] = 5,
     graphs: Annotated[bool, typer.Option(help="per-module CUDA graphs")] = True,
     compile_mode: Annotated[str, typer.Option("--compile", help="Inductor per module before capture: auto (default on a GPU, none on CPU) | default | max-autotune-no-cudagraphs | none")] = "auto",
-    grad_sync: Annotated[str, typer.Option(help="ddp | bucketed")] = "ddp",
+    grad_sync: Annotated[str, typer.Option(help="ddp | flat | bucketed: DDP per module, one flat gradient buffer per module, or the old bucketed all-reduce")] = "ddp",
     reduce_dtype: Annotated[str, typer.Option(help="gradient all-reduce precision: fp32 | bf16")] = "fp32",
     accumulation: Annotated[int, typer.Option(help="gradient-accumulation micro-steps per step")] = 1,
     user_programs: Annotated[str, typer.Option(help="the user's own programs to measure too: torch-eager,torch-compile (empty: none)")] = "torch-eager,torch-compile",

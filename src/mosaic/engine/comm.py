@@ -376,6 +376,53 @@ def share_from_rank0(make: Callable[[], dict[str, Any]], device: torch.device | 
     return message["value"]
 
 
+class FlatGrads:
+    """One data-parallel module's gradients as views into one flat buffer per dtype, summed
+    over the module's group by one all-reduce per buffer: no per-step concatenation, no copy
+    back, no per-parameter hook (`grad_sync="flat"`, Megatron's contiguous gradient buffer).
+
+    `attach()` at the start of a step zeroes the buffers and points every `.grad` at its view,
+    so autograd's AccumulateGrad adds into them in place. Whoever replaced a `.grad` since
+    (a new tensor, or None) is repaired in `reduce()` by a copy into the view, so the sum is
+    right however the caller zeroes gradients. A parameter without a gradient contributes
+    zeros (as with the bucketed all-reduce), so every replica sends the same buffers.
+    """
+
+    def __init__(self, params: Sequence[torch.nn.Parameter]) -> None:
+        self.params = [p for p in params if p.requires_grad]
+        sizes: dict[torch.dtype, int] = {}
+        for p in self.params:
+            sizes[p.dtype] = sizes.get(p.dtype, 0) + p.numel()
+        device = self.params[0].device if self.params else torch.device("cpu")
+        self.buffers = {dtype: torch.zeros(n, dtype=dtype, device=device)
+                        for dtype, n in sizes.items()}
+        offsets = dict.fromkeys(sizes, 0)
+        self.views = []
+        for p in self.params:
+            start = offsets[p.dtype]
+            self.views.append(self.buffers[p.dtype][start:start + p.numel()].view_as(p))
+            offsets[p.dtype] = start + p.numel()
+
+    def attach(self) -> None:
+        for buffer in self.buffers.values():
+            buffer.zero_()
+        for p, view in zip(self.params, self.views, strict=True):
+            p.grad = view
+
+    def reduce(self, group: object, divide_by: int = 1) -> None:
+        for p, view in zip(self.params, self.views, strict=True):
+            grad = p.grad
+            if grad is None:
+                view.zero_()
+            elif grad.data_ptr() != view.data_ptr():
+                view.copy_(grad)
+            p.grad = view
+        for buffer in self.buffers.values():
+            dist.all_reduce(buffer, group=group)
+            if divide_by != 1:
+                buffer.div_(divide_by)
+
+
 def _buckets(grads: list[torch.Tensor]) -> list[list[torch.Tensor]]:
     buckets: list[list[torch.Tensor]] = []
     size = 0

@@ -41,7 +41,7 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from mosaic.engine.comm import Key, PlanComm, routes_for, sample_range
+from mosaic.engine.comm import FlatGrads, Key, PlanComm, routes_for, sample_range
 from mosaic.engine.ddp import wrap_ddp
 from mosaic.engine.fsdp import shard_module
 from mosaic.engine.timer import Mark, Timer
@@ -54,7 +54,7 @@ class EngineError(MosaicError):
     """A plan, model or setting the runner cannot execute; the message says the fix."""
 
 
-GRAD_SYNC = ("ddp", "bucketed")
+GRAD_SYNC = ("ddp", "bucketed", "flat")
 REDUCE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
@@ -68,8 +68,10 @@ class RunnerConfig:
     """Record start/end of every module's forward and backward (for the Gantt chart)."""
     grad_sync: str = "ddp"
     """How a data-parallel module's gradients are summed: 'ddp' (DistributedDataParallel on the
-    module's process group, buckets all-reduced as gradients are ready) or 'bucketed' (flat
-    100 MB all-reduces after the module's backward; kept to measure against)."""
+    module's process group, buckets all-reduced as gradients are ready), 'bucketed' (flat
+    100 MB all-reduces after the module's backward; kept to measure against) or 'flat'
+    (gradients live in one buffer per module, all-reduced whole after its stage's backward:
+    no per-parameter host work beyond autograd's; comm.FlatGrads)."""
     reduce_dtype: str = "fp32"
     """'bf16' all-reduces gradients in bf16 (half the bytes; as Megatron and FSDP offer)."""
     bucket_view: bool = True
@@ -174,6 +176,8 @@ class PlanRunner:
                           amp) for _ in range(self.micro_batches)]
             for m in self.local}
         self._ddp: dict[str, nn.Module] = {}
+        self._flat: dict[str, FlatGrads] = {}
+        """grad_sync='flat': each data-parallel module's gradient buffer, made at its first sync."""
         self._ddp_pending = self.config.grad_sync == "ddp"
         """DDP is wrapped after the first synchronised step (after CUDA-graph capture when
         graphs are on), which shows the parameters a module leaves unused (DDP must ignore
@@ -435,7 +439,26 @@ class PlanRunner:
             divide_by = placement.dp_degree if self.global_batch[m] else 1
             # FSDP reduce-scattered a sharded module's gradients, but for the whole scalars
             params = self._whole_params[m] if m in self.sharded else self.modules[m].parameters()
-            self.comm.all_reduce_grads(list(params), self._grad_group(m), divide_by=divide_by)
+            if self._flat_eligible(m):
+                self._flat_grads(m).reduce(self.comm.group(self._grad_group(m)), divide_by)
+            else:
+                self.comm.all_reduce_grads(list(params), self._grad_group(m), divide_by=divide_by)
+
+    def _flat_eligible(self, m: str) -> bool:
+        """Plain (not TP, not FSDP) data-parallel modules, under grad_sync='flat'."""
+        return (self.config.grad_sync == "flat" and self.tensor_parallel[m] == 1
+                and m not in self.sharded and self.comm.group(self._grad_group(m)) is not None)
+
+    def _flat_grads(self, m: str) -> FlatGrads:
+        if m not in self._flat:
+            self._flat[m] = FlatGrads(list(self.modules[m].parameters()))
+        return self._flat[m]
+
+    def attach_grads(self) -> None:
+        """Start of an optimizer step: point the flat modules' gradients at their zeroed
+        buffers (a no-op unless grad_sync='flat')."""
+        for flat in self._flat.values():
+            flat.attach()
 
     def _no_sync(self, sync: bool) -> Any:
         for m in self.sharded:  # FSDP2 has a setting, not a context: set it every step

@@ -274,6 +274,7 @@ class RankSession:
         """Forward and backward of every micro-step, gradients synchronised once; the loss is
         this rank's share of the step's loss (summed over micro-steps)."""
         n = len(data)
+        self.runner.attach_grads()
         outs = [self.runner.step(d, fraction=1.0 / n, sync=k == n - 1) for k, d in enumerate(data)]
         last = outs[-1]
         if n > 1:
