@@ -212,7 +212,8 @@ def test_flat_gradients_accumulate_in_place_and_repair_replaced_ones(monkeypatch
     from mosaic.engine import comm
 
     reduced = []
-    monkeypatch.setattr(comm.dist, "all_reduce", lambda t, group=None: reduced.append(t))
+    monkeypatch.setattr(comm.dist, "all_reduce",
+                        lambda t, group=None, async_op=False: reduced.append(t))
     layer = torch.nn.Linear(3, 2)
     flat = comm.FlatGrads(list(layer.parameters()))
     flat.attach()

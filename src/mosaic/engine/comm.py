@@ -386,6 +386,8 @@ class FlatGrads:
     (a new tensor, or None) is repaired in `reduce()` by a copy into the view, so the sum is
     right however the caller zeroes gradients. A parameter without a gradient contributes
     zeros (as with the bucketed all-reduce), so every replica sends the same buffers.
+    `reduce()` divides before summing and returns the collectives un-waited, so the caller
+    can run the next stage's backward while they travel and wait before the optimizer.
     """
 
     def __init__(self, params: Sequence[torch.nn.Parameter]) -> None:
@@ -409,7 +411,7 @@ class FlatGrads:
         for p, view in zip(self.params, self.views, strict=True):
             p.grad = view
 
-    def reduce(self, group: object, divide_by: int = 1) -> None:
+    def reduce(self, group: object, divide_by: int = 1) -> list[Any]:
         for p, view in zip(self.params, self.views, strict=True):
             grad = p.grad
             if grad is None:
@@ -417,10 +419,12 @@ class FlatGrads:
             elif grad.data_ptr() != view.data_ptr():
                 view.copy_(grad)
             p.grad = view
+        works = []
         for buffer in self.buffers.values():
-            dist.all_reduce(buffer, group=group)
             if divide_by != 1:
-                buffer.div_(divide_by)
+                buffer.div_(divide_by)  # sum of the shares = share of the sum
+            works.append(dist.all_reduce(buffer, group=group, async_op=True))
+        return works
 
 
 def _buckets(grads: list[torch.Tensor]) -> list[list[torch.Tensor]]:

@@ -178,6 +178,8 @@ class PlanRunner:
         self._ddp: dict[str, nn.Module] = {}
         self._flat: dict[str, FlatGrads] = {}
         """grad_sync='flat': each data-parallel module's gradient buffer, made at its first sync."""
+        self._reducing: list[Any] = []
+        """Their all-reduces in flight, waited for at the end of the step."""
         self._ddp_pending = self.config.grad_sync == "ddp"
         """DDP is wrapped after the first synchronised step (after CUDA-graph capture when
         graphs are on), which shows the parameters a module leaves unused (DDP must ignore
@@ -325,6 +327,9 @@ class PlanRunner:
             for t in reversed(range(len(self.plan.stages))):
                 self._backward_stage(t, st, out)
             self._main_waits(st, set(st.done))  # join: see "Streams" in the module doc
+            for work in self._reducing:  # the main stream (the optimizer's) waits for the sums
+                work.wait()
+            self._reducing.clear()
             if st.shares:
                 out.loss = torch.stack([s.float() for s in st.shares]).sum()
         # After capture when graphs are on: CUDA-graph capture of the module's backward failed
@@ -439,8 +444,9 @@ class PlanRunner:
             divide_by = placement.dp_degree if self.global_batch[m] else 1
             # FSDP reduce-scattered a sharded module's gradients, but for the whole scalars
             params = self._whole_params[m] if m in self.sharded else self.modules[m].parameters()
-            if self._flat_eligible(m):
-                self._flat_grads(m).reduce(self.comm.group(self._grad_group(m)), divide_by)
+            if self._flat_eligible(m):  # un-waited: the next stage's backward runs meanwhile
+                self._reducing += self._flat_grads(m).reduce(self.comm.group(self._grad_group(m)),
+                                                             divide_by)
             else:
                 self.comm.all_reduce_grads(list(params), self._grad_group(m), divide_by=divide_by)
 
