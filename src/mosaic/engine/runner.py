@@ -177,7 +177,7 @@ class PlanRunner:
             for m in self.local}
         self._ddp: dict[str, nn.Module] = {}
         self._flat: dict[str, FlatGrads] = {}
-        """grad_sync='flat': each data-parallel module's gradient buffer, made at its first sync."""
+        """grad_sync='flat': each data-parallel module's gradient buffer (attach_grads)."""
         self._reducing: list[Any] = []
         """Their all-reduces in flight, waited for at the end of the step."""
         self._ddp_pending = self.config.grad_sync == "ddp"
@@ -462,9 +462,11 @@ class PlanRunner:
 
     def attach_grads(self) -> None:
         """Start of an optimizer step: point the flat modules' gradients at their zeroed
-        buffers (a no-op unless grad_sync='flat')."""
-        for flat in self._flat.values():
-            flat.attach()
+        buffers (a no-op unless grad_sync='flat'). The buffers are made at the first call,
+        before any backward, so gradients never exist twice."""
+        for m in self.local:
+            if self._flat_eligible(m):
+                self._flat_grads(m).attach()
 
     def _no_sync(self, sync: bool) -> Any:
         for m in self.sharded:  # FSDP2 has a setting, not a context: set it every step
