@@ -702,6 +702,9 @@ def _variant_plans(plans: dict, variants: list[dict], base, perf_model: str, clu
                                 engine=engine_kind(dataclasses.asdict(engine)))
         added |= {variant_label(k, settings): model.predict(p, graph)
                   for k, p in plans.items() if synchronises_gradients(p)}
+    if variants and not added:
+        typer.echo("mosaic bench: --engine-variant changes gradient synchronisation, and no plan "
+                   "here is data-parallel: nothing to vary", err=True)
     return added
 
 
