@@ -4,9 +4,8 @@
 #         and of compile (the audio encoder's workaround).
 #  GPU 1: OFASys `paper` on one GPU, four plans and both user programs (timed out at 250 s
 #         before: eight modules compiled twice at `paper` size).
-#  Then both GPUs: CLIP `paper`, the DDP settings A/B in one run: today's default (bucket views),
-#  without bucket views, the old bucketed all-reduce and flat gradient buffers, beside
-#  torch-compile.
+#  Then both GPUs: CLIP `paper`, the gradient-sync A/B in one run: today's default DDP, DDP with
+#  bucket views, the old bucketed all-reduce and flat gradient buffers, beside torch-compile.
 set -u
 OUT=${1:?usage: ddp_variants_and_ofasys_paper_h200x2.sh OUT}
 mkdir -p "$OUT" /tmp/logs
@@ -26,7 +25,7 @@ PLANS=benchmarks/plans/h200-paper-compiled
 wait
 timeout 220 torchrun --standalone --nproc-per-node 2 -m mosaic bench clip --gpus 2 --preset paper \
   --perf-model profiled --plans $PLANS/clip-2gpu --planners megatron,mosaic --rounds 4 \
-  --user-programs torch-compile --engine-variant bucket_view=false \
+  --user-programs torch-compile --engine-variant bucket_view=true \
   --engine-variant grad_sync=bucketed --engine-variant grad_sync=flat --out /tmp/p2 --json \
   > "$OUT/bench_clip_paper_2gpu_ddp_variants.json" 2> /tmp/logs/bench_clip_paper_2gpu.err
 echo "clip 2gpu rc=$?"

@@ -104,14 +104,14 @@ def test_a_plan_under_another_engine_is_measured_apart_from_itself():
     model = get_model("clip")
     graph = model.graph("tiny")
     plans = _plans(graph)
-    plans["megatron@bucket_view=false"] = plans["megatron"]
+    plans["megatron@bucket_view=true"] = plans["megatron"]
     config = BenchConfig(rounds=1, steps_per_round=1, warmup_steps=0, nvml_seconds=0,
                          user_programs=())
-    engines = {"megatron@bucket_view=false": replace(config.engine, bucket_view=False)}
+    engines = {"megatron@bucket_view=true": replace(config.engine, bucket_view=True)}
     measurements, _ = measure_plans(model, "tiny", graph, plans, H200, config, engines)
     rows = {m.label: m for m in measurements}
-    assert rows["megatron@bucket_view=false"].same_plan_as is None  # not a twin: other engine
-    assert rows["megatron@bucket_view=false"].engine_variant == {"bucket_view": False}
+    assert rows["megatron@bucket_view=true"].same_plan_as is None  # not a twin: other engine
+    assert rows["megatron@bucket_view=true"].engine_variant == {"bucket_view": True}
     report = {"engine": {"graphs": True, "compile": "default", "grad_sync": "ddp"}}
     row = {"engine_variant": {"grad_sync": "bucketed"}}
     assert engine_kind(row_engine(report, row)) == "graphs+compile-default+bucketed"
@@ -131,15 +131,17 @@ def test_bench_refuses_multi_gpu_plans_in_one_process():
 @pytest.mark.slow
 def test_bench_runs_multi_gpu_plans_under_torchrun(tmp_path):
     """Two gloo processes stand in for two GPUs: every planner's 2-GPU plan is measured, and
-    the data-parallel ones once more on flat gradient buffers (an A/B in one run)."""
+    the data-parallel ones once more on flat gradient buffers and on DDP bucket views (an A/B
+    in one run; every row's gradients equal the reference's)."""
     report, _ = bench_two_ranks("clip", tmp_path, "--steps-per-round", "2",
                                 "--user-programs", "torch-eager",
-                                "--engine-variant", "grad_sync=flat")
+                                "--engine-variant", "grad_sync=flat",
+                                "--engine-variant", "bucket_view=true")
     assert report["gpus"] == 2
     labels = {r["planner"] for r in report["results"]}
     variants = {label for label in labels if "@" in label}
     assert labels - variants == {"megatron", "distmm", "spindle", "mosaic", "torch-eager"}
-    assert "megatron@grad_sync=flat" in variants
+    assert {"megatron@grad_sync=flat", "megatron@bucket_view=true"} <= variants
     rows = {r["planner"]: r for r in report["results"]}
     assert rows["megatron@grad_sync=flat"]["engine_variant"] == {"grad_sync": "flat"}
     assert rows["megatron"]["engine_variant"] is None

@@ -47,7 +47,7 @@ def _sum_hook(state: _HookState, bucket: dist.GradBucket) -> torch.futures.Futur
 
 def wrap_ddp(module: nn.Module, group: Any, device: torch.device, *, divide_by: int = 1,
              reduce_dtype: torch.dtype = torch.float32,
-             bucket_view: bool = True) -> DistributedDataParallel:
+             bucket_view: bool = False) -> DistributedDataParallel:
     """DDP around `module` (the runner's callable; CUDA-graph capture later replaces its forward
     in place, so the wrapper stays valid). Replicas already
     hold identical weights (seeded per module), so construction does not broadcast them.
@@ -58,7 +58,7 @@ def wrap_ddp(module: nn.Module, group: Any, device: torch.device, *, divide_by: 
     `bucket_view`: gradients are views into the buckets, so a reduced bucket needs no copy back
     into each gradient. A torch.profiler trace of a data-parallel CLIP `paper` step on 2 x H200
     found the host the bottleneck, with two copies per parameter tensor per step (into the
-    bucket and back, ~800 launches); this removes the second. Not yet measured on the GPU."""
+    bucket and back, ~800 launches); this removes the second. Off by default until measured."""
     ddp = DistributedDataParallel(
         module, device_ids=[device] if device.type == "cuda" else None, process_group=group,
         broadcast_buffers=False, bucket_cap_mb=BUCKET_CAP_MB, gradient_as_bucket_view=bucket_view,

@@ -74,7 +74,7 @@ class RunnerConfig:
     no per-parameter host work beyond autograd's; comm.FlatGrads)."""
     reduce_dtype: str = "fp32"
     """'bf16' all-reduces gradients in bf16 (half the bytes; as Megatron and FSDP offer)."""
-    bucket_view: bool = True
+    bucket_view: bool = False
     """With 'ddp': gradients are views into DDP's buckets (ddp.py says why)."""
 
     def __post_init__(self) -> None:

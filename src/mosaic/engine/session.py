@@ -55,8 +55,9 @@ class EngineConfig:
     """'ddp' (DistributedDataParallel per module) or 'bucketed' (flat all-reduce after backward)."""
     reduce_dtype: str = "fp32"
     """Gradient all-reduce precision: 'fp32' or 'bf16'."""
-    bucket_view: bool = True
-    """With 'ddp': gradients are views into DDP's buckets (no copy back after the all-reduce)."""
+    bucket_view: bool = False
+    """With 'ddp': gradients are views into DDP's buckets (no copy back after the all-reduce).
+    Off until measured on the GPU (`mosaic bench --engine-variant bucket_view=true`)."""
     accumulation: int = 1
     """Micro-steps per optimizer step (gradient accumulation): each runs global_batch / this."""
     timeline: bool = False
