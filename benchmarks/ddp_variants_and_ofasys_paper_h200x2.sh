@@ -31,10 +31,4 @@ timeout 220 torchrun --standalone --nproc-per-node 2 -m mosaic bench clip --gpus
 echo "clip 2gpu rc=$?"
 tar czf "$OUT/logs.tar.gz" -C /tmp logs
 grep -E "passed|failed" /tmp/logs/gpu_tests.log | tail -n 2
-for f in "$OUT"/bench_*.json; do
-  python3 -c "
-import json, sys; d = json.load(open(sys.argv[1]))
-print(d['model'], d['global_batch'], d['gpus'], [(r['planner'], round(r['measured_iteration_s'] * 1e3, 2),
-      round((r.get('predicted_iteration_s') or 0) * 1e3, 2), round(r.get('mfu') or 0, 3)) for r in d['results']])" "$f" 2>/dev/null \
-  || echo "$f: no results"
-done
+python3 benchmarks/bench_summary.py "$OUT"/bench_*.json

@@ -36,10 +36,4 @@ echo "ofasys 2gpu rc=$?"
 tar czf "$OUT/logs.tar.gz" -C /tmp logs
 grep -E "^\[|kept|rc=" /tmp/logs/profile_ofasys_paper.log | tail -n 4
 head -n 16 /tmp/logs/kernels-rank0.txt 2>/dev/null | cut -c1-160
-for f in "$OUT"/bench_*.json; do
-  python3 -c "
-import json, sys; d = json.load(open(sys.argv[1]))
-print(d['model'], d['global_batch'], d['gpus'], [(r['planner'], round(r['measured_iteration_s'] * 1e3, 2),
-      round((r.get('predicted_iteration_s') or 0) * 1e3, 2), round(r.get('mfu') or 0, 3)) for r in d['results']])" "$f" 2>/dev/null \
-  || echo "$f: no results"
-done
+python3 benchmarks/bench_summary.py "$OUT"/bench_*.json

@@ -37,10 +37,4 @@ echo "tp rc=$?" | tee -a "$OUT/gpu_tests_tp.log"
 grep -E "passed|failed" "$OUT/gpu_tests_tp.log" | tail -n 3
 grep -E "raised while timing|Error" "$OUT/bench_clip_b32_blocking.err" | head -n 5
 tail -n 3 "$OUT/profile_paper.log"
-for f in "$OUT"/bench_*.json; do
-  python3 -c "
-import json, sys; d = json.load(open(sys.argv[1]))
-print(d['model'], d['global_batch'], [(r['planner'], round(r['measured_iteration_s'] * 1e3, 2),
-      round((r.get('predicted_iteration_s') or 0) * 1e3, 2)) for r in d['results']])" "$f" 2>/dev/null \
-  || echo "$f: no results"
-done
+python3 benchmarks/bench_summary.py "$OUT"/bench_*.json

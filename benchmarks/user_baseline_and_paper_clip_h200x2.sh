@@ -28,10 +28,4 @@ timeout 250 torchrun --standalone --nproc-per-node 2 -m mosaic bench clip --gpus
   --out /tmp/p2 --json > "$OUT/bench_clip_paper_2gpu.json" 2> "$OUT/bench_clip_paper_2gpu.err"
 echo "paper 2gpu rc=$?"
 grep -E "^\[|kept|rc=" "$OUT/profile_ofasys_paper.log" | grep -v Warning | tail -n 6
-for f in "$OUT"/bench_*.json; do
-  python3 -c "
-import json, sys; d = json.load(open(sys.argv[1]))
-print(d['model'], d['global_batch'], d['gpus'], [(r['planner'], round(r['measured_iteration_s'] * 1e3, 2),
-      round((r.get('predicted_iteration_s') or 0) * 1e3, 2)) for r in d['results']])" "$f" 2>/dev/null \
-  || { echo "$f: no results"; grep -E "Error|raised while" "${f%.json}.err" | head -n 4; }
-done
+python3 benchmarks/bench_summary.py "$OUT"/bench_*.json

@@ -1,0 +1,31 @@
+"""One line per `mosaic bench` results JSON: model, batch, GPUs, and per contender the
+measured and predicted ms and MFU (what a device-call script prints at its end).
+
+    python3 benchmarks/bench_summary.py OUT/bench_*.json
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+
+def summary(path: Path) -> str:
+    try:
+        d = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return f"{path}: no results"
+    rows = [(r["planner"], round(r["measured_iteration_s"] * 1e3, 2),
+             round((r.get("predicted_iteration_s") or 0) * 1e3, 2), round(r.get("mfu") or 0, 3))
+            for r in d["results"]]
+    return f"{d['model']} batch {d['global_batch']} on {d['gpus']} GPU(s): {rows}"
+
+
+def main(argv: list[str] | None = None) -> None:
+    for name in (sys.argv[1:] if argv is None else argv):
+        print(summary(Path(name)))
+
+
+if __name__ == "__main__":
+    main()
