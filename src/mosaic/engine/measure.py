@@ -253,13 +253,13 @@ def parse_variant(text: str) -> dict[str, Any]:
         if not sep:
             raise BenchError(f"--engine-variant {text!r}: write FIELD=VALUE[,FIELD=VALUE], e.g. "
                              "grad_sync=bucketed")
-        key = key.strip()
+        key, value = key.strip(), value.strip()
         if key == "bucket_view":
-            if value.strip().lower() not in ("true", "false"):
+            if value.lower() not in ("true", "false"):
                 raise BenchError(f"--engine-variant {text!r}: bucket_view is true or false")
-            settings[key] = value.strip().lower() == "true"
+            settings[key] = value.lower() == "true"
         else:
-            settings[key] = value.strip()
+            settings[key] = value
     return settings
 
 

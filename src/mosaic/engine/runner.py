@@ -442,13 +442,13 @@ class PlanRunner:
                 continue  # DDP reduced them during backward
             placement = self.plan.placement(m)
             divide_by = placement.dp_degree if self.global_batch[m] else 1
-            # FSDP reduce-scattered a sharded module's gradients, but for the whole scalars
-            params = self._whole_params[m] if m in self.sharded else self.modules[m].parameters()
             if self._flat_eligible(m):  # un-waited: the next stage's backward runs meanwhile
                 self._reducing += self._flat_grads(m).reduce(self.comm.group(self._grad_group(m)),
                                                              divide_by)
-            else:
-                self.comm.all_reduce_grads(list(params), self._grad_group(m), divide_by=divide_by)
+                continue
+            # FSDP reduce-scattered a sharded module's gradients, but for the whole scalars
+            params = self._whole_params[m] if m in self.sharded else self.modules[m].parameters()
+            self.comm.all_reduce_grads(list(params), self._grad_group(m), divide_by=divide_by)
 
     def _flat_eligible(self, m: str) -> bool:
         """Plain (not TP, not FSDP) data-parallel modules, under grad_sync='flat'."""

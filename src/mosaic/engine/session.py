@@ -52,7 +52,8 @@ class EngineConfig:
     amp: bool | None = None
     """bf16 autocast; None: on for CUDA, off on CPU."""
     grad_sync: str = "ddp"
-    """'ddp' (DistributedDataParallel per module) or 'bucketed' (flat all-reduce after backward)."""
+    """'ddp' (DistributedDataParallel per module), 'flat' (one gradient buffer per module, one
+    all-reduce) or 'bucketed' (concatenated all-reduce after backward; kept to measure against)."""
     reduce_dtype: str = "fp32"
     """Gradient all-reduce precision: 'fp32' or 'bf16'."""
     bucket_view: bool = False
