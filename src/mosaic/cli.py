@@ -410,6 +410,8 @@ def train(
     compile_mode: Annotated[str | None, typer.Option("--compile", help="Inductor per module: default | max-autotune-no-cudagraphs (GPU)")] = None,
     grad_sync: Annotated[str, typer.Option(help="ddp | flat | bucketed: DDP per module, one flat gradient buffer per module, or the old bucketed all-reduce")] = "ddp",
     reduce_dtype: Annotated[str, typer.Option(help="gradient all-reduce precision: fp32 | bf16")] = "fp32",
+    grads_in_graph: Annotated[bool, typer.Option(help="with graphs: each backward graph adds its "
+                                                 "module's gradients itself (not under DDP)")] = True,
     accumulation: Annotated[int, typer.Option(help="gradient-accumulation micro-steps per step")] = 1,
     checkpoint_dir: Annotated[Path | None, typer.Option(help="directory for atomic checkpoints (torch.distributed.checkpoint)")] = None,
     checkpoint_every: Annotated[int, typer.Option(help="checkpoint every K steps (and at the end); 0: only at the end")] = 0,
@@ -469,7 +471,8 @@ def train(
         if plan_file is None:
             graph = get_model(model).graph(preset, global_batch=batch)
         engine = EngineConfig(graphs=graphs, compile=compile_mode, grad_sync=grad_sync,
-                              reduce_dtype=reduce_dtype, accumulation=accumulation,
+                              reduce_dtype=reduce_dtype, grads_in_graph=grads_in_graph,
+                              accumulation=accumulation,
                               timeline=out is not None)
         if plan_file is None and autotune:  # every rank measures: measure_plans is collective
             from mosaic.hardware import make_cluster
@@ -584,13 +587,16 @@ def bench(
     compile_mode: Annotated[str, typer.Option("--compile", help="Inductor per module before capture: auto (default on a GPU, none on CPU) | default | max-autotune-no-cudagraphs | none")] = "auto",
     grad_sync: Annotated[str, typer.Option(help="ddp | flat | bucketed: DDP per module, one flat gradient buffer per module, or the old bucketed all-reduce")] = "ddp",
     reduce_dtype: Annotated[str, typer.Option(help="gradient all-reduce precision: fp32 | bf16")] = "fp32",
+    grads_in_graph: Annotated[bool, typer.Option(help="with graphs: each backward graph adds its "
+                                                 "module's gradients itself (not under DDP)")] = True,
     accumulation: Annotated[int, typer.Option(help="gradient-accumulation micro-steps per step")] = 1,
     user_programs: Annotated[str, typer.Option(help="the user's own programs to measure too: torch-eager,torch-compile (empty: none)")] = "torch-eager,torch-compile",
     user_rounds: Annotated[str, typer.Option(help="interleaved: user programs share the plans' timed rounds; apart: their own rounds after the plans'")] = "interleaved",
     engine_variants: Annotated[list[str] | None, typer.Option(
         "--engine-variant", help="also measure every data-parallel plan with these gradient-sync "
         "settings, in the same rounds (repeatable), e.g. grad_sync=bucketed or "
-        "bucket_view=false,reduce_dtype=bf16; labelled PLAN@SETTINGS")] = None,
+        "bucket_view=false,reduce_dtype=bf16, or every plan with grads_in_graph=false; "
+        "labelled PLAN@SETTINGS")] = None,
     plans_dir: Annotated[Path | None, typer.Option("--plans", help="measure the plan JSONs in this "
                                                    "directory (from `mosaic plan --out`) instead of planning")] = None,
     autotune: Annotated[int, typer.Option("--autotune", min=0, help="also measure the K best "
@@ -637,6 +643,7 @@ def bench(
     config = BenchConfig(rounds=rounds, steps_per_round=steps_per_round, warmup_steps=warmup,
                          engine=EngineConfig(graphs=graphs, compile=_compile_mode(compile_mode),
                                              grad_sync=grad_sync, reduce_dtype=reduce_dtype,
+                                             grads_in_graph=grads_in_graph,
                                              accumulation=accumulation),
                          user_programs=users, user_rounds=user_rounds)
     # Predicted for the engine that will run the plans (its kernels' surfaces, its term).
@@ -678,7 +685,8 @@ def bench(
     if tuned is not None:
         report["autotune"] = tuned.to_dict()
     report["engine"] = {"graphs": graphs, "compile": _compile_mode(compile_mode), "grad_sync": grad_sync,
-                        "reduce_dtype": reduce_dtype, "accumulation": accumulation}
+                        "reduce_dtype": reduce_dtype, "grads_in_graph": grads_in_graph,
+                        "accumulation": accumulation}
     out = out or Path("runs") / f"bench-{graph.name}-{preset}-{gpus}"
     write_bench_artifacts(report, measurements, out)
     if as_json:
@@ -691,7 +699,7 @@ def _variant_plans(plans: dict, variants: list[dict], base, perf_model: str, clu
                    preset: str, graph) -> dict:
     """For each `--engine-variant`, every data-parallel plan again under its label
     PLAN@SETTINGS, predicted for the engine kind it will run on."""
-    from mosaic.engine.measure import engine_variant, synchronises_gradients, variant_label
+    from mosaic.engine.measure import engine_variant, variant_applies, variant_label
     from mosaic.perf import make_perf_model
     from mosaic.perf.engine_term import engine_kind
 
@@ -701,10 +709,10 @@ def _variant_plans(plans: dict, variants: list[dict], base, perf_model: str, clu
         model = make_perf_model(perf_model, cluster, preset=preset,
                                 engine=engine_kind(dataclasses.asdict(engine)))
         added |= {variant_label(k, settings): model.predict(p, graph)
-                  for k, p in plans.items() if synchronises_gradients(p)}
+                  for k, p in plans.items() if variant_applies(p, settings)}
     if variants and not added:
-        typer.echo("mosaic bench: --engine-variant changes gradient synchronisation, and no plan "
-                   "here is data-parallel: nothing to vary", err=True)
+        typer.echo("mosaic bench: these --engine-variant settings change gradient "
+                   "synchronisation, and no plan here is data-parallel: nothing to vary", err=True)
     return added
 
 

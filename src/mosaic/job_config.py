@@ -6,7 +6,7 @@ A TOML file (tomllib; `.yaml` / `.yml` through pyyaml) of sections mapping onto 
     model = "clip"
     [train]   steps, lr, seed, batch, preset, data
     [plan]    planner, gpus, file, hardware, perf_model
-    [engine]  graphs, compile, grad_sync, reduce_dtype, accumulation
+    [engine]  graphs, compile, grad_sync, reduce_dtype, grads_in_graph, accumulation
     [checkpoint] dir, every, resume
     [run]     out, overwrite, metrics, tensorboard, torch_trace
 
@@ -42,7 +42,7 @@ FIELDS: dict[str, tuple[str, type]] = {
     "plan.hardware": ("hardware", str), "plan.perf_model": ("perf_model", str),
     "engine.graphs": ("graphs", bool), "engine.compile": ("compile_mode", str),
     "engine.grad_sync": ("grad_sync", str), "engine.reduce_dtype": ("reduce_dtype", str),
-    "engine.accumulation": ("accumulation", int),
+    "engine.grads_in_graph": ("grads_in_graph", bool), "engine.accumulation": ("accumulation", int),
     "checkpoint.dir": ("checkpoint_dir", Path), "checkpoint.every": ("checkpoint_every", int),
     "checkpoint.resume": ("resume", ResumeMode),
     "run.out": ("out", Path), "run.overwrite": ("overwrite", bool), "run.metrics": ("metrics", Path),

@@ -404,15 +404,23 @@ class FlatGrads:
             start = offsets[p.dtype]
             self.views.append(self.buffers[p.dtype][start:start + p.numel()].view_as(p))
             offsets[p.dtype] = start + p.numel()
+        self.attached = list(zip(self.params, self.views, strict=True))
+
+    def leave_unattached(self, params: Sequence[torch.nn.Parameter]) -> None:
+        """Parameters that get no gradient (unused by the module's forward): their `.grad`
+        stays None, so the optimizer skips them as it would eagerly; their views stay zero."""
+        skip = {id(p) for p in params}
+        self.attached = [(p, v) for p, v in zip(self.params, self.views, strict=True)
+                         if id(p) not in skip]
 
     def attach(self) -> None:
         for buffer in self.buffers.values():
             buffer.zero_()
-        for p, view in zip(self.params, self.views, strict=True):
+        for p, view in self.attached:
             p.grad = view
 
     def reduce(self, group: object, divide_by: int = 1) -> list[Any]:
-        for p, view in zip(self.params, self.views, strict=True):
+        for p, view in self.attached:
             grad = p.grad
             if grad is None:
                 view.zero_()

@@ -70,7 +70,8 @@ USER_PROGRAMS = {"torch-eager": None, "torch-compile": "reduce-overhead"}
 """The user's own program, by label: its torch.compile mode (None = eager)."""
 BASELINES = ("megatron", "distmm", "spindle")
 USER_ROUNDS = ("interleaved", "apart")
-VARIANT_FIELDS = ("grad_sync", "reduce_dtype", "bucket_view")
+VARIANT_FIELDS = ("grad_sync", "reduce_dtype", "bucket_view", "grads_in_graph")
+_BOOL_FIELDS = ("bucket_view", "grads_in_graph")
 """Engine settings a bench may vary per contender: gradient synchronisation only."""
 
 
@@ -254,9 +255,9 @@ def parse_variant(text: str) -> dict[str, Any]:
             raise BenchError(f"--engine-variant {text!r}: write FIELD=VALUE[,FIELD=VALUE], e.g. "
                              "grad_sync=bucketed")
         key, value = key.strip(), value.strip()
-        if key == "bucket_view":
+        if key in _BOOL_FIELDS:
             if value.lower() not in ("true", "false"):
-                raise BenchError(f"--engine-variant {text!r}: bucket_view is true or false")
+                raise BenchError(f"--engine-variant {text!r}: {key} is true or false")
             settings[key] = value.lower() == "true"
         else:
             settings[key] = value
@@ -271,6 +272,12 @@ def variant_label(label: str, settings: dict[str, Any]) -> str:
 def synchronises_gradients(plan: Plan) -> bool:
     """Whether some module of `plan` is data-parallel (so gradient-sync settings matter)."""
     return any(p.dp_degree > 1 for st in plan.stages for p in st.placements)
+
+
+def variant_applies(plan: Plan, settings: dict[str, Any]) -> bool:
+    """Whether an engine variant changes how `plan` runs: gradient accumulation in the graphs
+    matters to every plan, the gradient-sync settings to data-parallel ones only."""
+    return "grads_in_graph" in settings or synchronises_gradients(plan)
 
 
 def _reshapes(plan: Plan) -> bool:

@@ -44,6 +44,7 @@ from torch.nn.parallel import DistributedDataParallel
 from mosaic.engine.comm import FlatGrads, Key, PlanComm, routes_for, sample_range
 from mosaic.engine.ddp import wrap_ddp
 from mosaic.engine.fsdp import shard_module
+from mosaic.engine.graphed import InGraphGradModule
 from mosaic.engine.timer import Mark, Timer
 from mosaic.errors import MosaicError
 from mosaic.graph import MMGraph
@@ -76,6 +77,10 @@ class RunnerConfig:
     """'bf16' all-reduces gradients in bf16 (half the bytes; as Megatron and FSDP offer)."""
     bucket_view: bool = False
     """With 'ddp': gradients are views into DDP's buckets (ddp.py says why)."""
+    grads_in_graph: bool = True
+    """With graphs: a module's backward graph adds its parameter gradients into a flat
+    buffer itself (graphed.py), leaving no per-parameter host work. Not for modules DDP
+    synchronises (grad_sync='ddp' on several GPUs): DDP hooks each AccumulateGrad."""
 
     def __post_init__(self) -> None:
         if self.grad_sync not in GRAD_SYNC:
@@ -177,7 +182,8 @@ class PlanRunner:
             for m in self.local}
         self._ddp: dict[str, nn.Module] = {}
         self._flat: dict[str, FlatGrads] = {}
-        """grad_sync='flat': each data-parallel module's gradient buffer (attach_grads)."""
+        """Each module's flat gradient buffer, where it has one: data-parallel modules under
+        grad_sync='flat' and modules whose backward graph accumulates (attach_grads)."""
         self._reducing: list[Any] = []
         """Their all-reduces in flight, waited for at the end of the step."""
         self._ddp_pending = self.config.grad_sync == "ddp"
@@ -455,17 +461,27 @@ class PlanRunner:
         return (self.config.grad_sync == "flat" and self.tensor_parallel[m] == 1
                 and m not in self.sharded and self.comm.group(self._grad_group(m)) is not None)
 
+    def _grads_in_graph(self, m: str) -> bool:
+        """Whether m's backward graph accumulates its gradients (RunnerConfig.grads_in_graph)."""
+        if not (self.config.grads_in_graph and self.config.graphs):
+            return False
+        if self.tensor_parallel[m] > 1 or m in self.sharded:
+            return False  # never graphed
+        synced_by_ddp = self.config.grad_sync == "ddp" and \
+            self.comm.group(self._grad_group(m)) is not None
+        return not synced_by_ddp
+
     def _flat_grads(self, m: str) -> FlatGrads:
         if m not in self._flat:
             self._flat[m] = FlatGrads(list(self.modules[m].parameters()))
         return self._flat[m]
 
     def attach_grads(self) -> None:
-        """Start of an optimizer step: point the flat modules' gradients at their zeroed
-        buffers (a no-op unless grad_sync='flat'). The buffers are made at the first call,
-        before any backward, so gradients never exist twice."""
+        """Start of an optimizer step: point the gradients of modules with a flat buffer at
+        their zeroed views. The buffers are made at the first call, before any backward, so
+        gradients never exist twice."""
         for m in self.local:
-            if self._flat_eligible(m):
+            if self._flat_eligible(m) or self._grads_in_graph(m):
                 self._flat_grads(m).attach()
 
     def _no_sync(self, sync: bool) -> Any:
@@ -535,14 +551,26 @@ class PlanRunner:
                 stream = self._streams[m]
                 torch.cuda.graph.default_capture_stream = side if stream is self._main else stream
                 _fresh_cublas_workspaces()
-                self._callables[m] = [
-                    torch.cuda.make_graphed_callables(eager, self._samples[m], allow_unused_input=True)
-                    for eager in self._callables[m]]
+                self._callables[m] = [self._graph(m, eager, torch.cuda.graph.default_capture_stream)
+                                      for eager in self._callables[m]]
         finally:
             torch.cuda.graph.default_capture_stream = saved
         torch.cuda.synchronize(self.device)
         self._samples = None
         self.graphed = True
+
+    def _graph(self, m: str, eager: nn.Module, stream: Any) -> Any:
+        samples = self._samples[m]
+        if not self._grads_in_graph(m):
+            return torch.cuda.make_graphed_callables(eager, samples, allow_unused_input=True)
+        flat = self._flat_grads(m)
+
+        def attach(unused: list[nn.Parameter]) -> None:
+            flat.leave_unattached(unused)
+            flat.attach()
+
+        return InGraphGradModule(eager, list(self.modules[m].parameters()), samples, stream,
+                                 attach)
 
     # --- timeline ------------------------------------------------------------------------
     def timeline(self, out: StepOutput) -> list[dict[str, Any]]:

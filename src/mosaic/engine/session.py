@@ -59,6 +59,9 @@ class EngineConfig:
     bucket_view: bool = False
     """With 'ddp': gradients are views into DDP's buckets (no copy back after the all-reduce).
     Off until measured on the GPU (`mosaic bench --engine-variant bucket_view=true`)."""
+    grads_in_graph: bool = True
+    """With graphs: each backward graph accumulates its module's parameter gradients itself
+    (no per-parameter host work; engine/graphed.py), except where DDP synchronises them."""
     accumulation: int = 1
     """Micro-steps per optimizer step (gradient accumulation): each runs global_batch / this."""
     timeline: bool = False
@@ -76,7 +79,7 @@ class EngineConfig:
     def runner_config(self) -> RunnerConfig:
         return RunnerConfig(graphs=self.graphs, amp=self.amp, timeline=self.timeline,
                             grad_sync=self.grad_sync, reduce_dtype=self.reduce_dtype,
-                            bucket_view=self.bucket_view)
+                            bucket_view=self.bucket_view, grads_in_graph=self.grads_in_graph)
 
 
 # --- the process and what it builds ----------------------------------------------------------
@@ -288,6 +291,7 @@ class RankSession:
 
     def describe(self) -> dict[str, Any]:
         return {"pool": self.pool.describe(), "grad_sync": self.config.grad_sync,
+                "grads_in_graph": self.config.grads_in_graph,
                 "reduce_dtype": self.config.reduce_dtype, "accumulation": self.config.accumulation,
                 "graphs": self.runner.graphed, "compile": self.config.compile,
                 "sharded": sorted(self.runner.sharded)}  # this rank's FSDP2 modules

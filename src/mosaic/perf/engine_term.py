@@ -140,8 +140,9 @@ GPU_ENGINE_KIND = "graphs+compile-default"
 def engine_kind(engine: dict[str, Any] | None) -> str:
     """The engine a measurement ran on, from a bench JSON's `engine` record: results without
     one come from the older eager engine; otherwise 'graphs' and/or 'compile-<mode>', plus the
-    gradient synchronisation when it is not the default DDP in fp32 ('bucketed', 'bf16-reduce'):
-    each syncs at its own cost, so each gets its own term."""
+    gradient synchronisation when it is not the default DDP in fp32 ('bucketed', 'bf16-reduce')
+    and 'grads-in-graph' when backward graphs accumulate the gradients: each has its own host
+    cost, so each gets its own term."""
     if not engine:
         return "eager"
     parts = (["graphs"] if engine.get("graphs") else []) + (
@@ -150,6 +151,8 @@ def engine_kind(engine: dict[str, Any] | None) -> str:
         parts.append(str(engine["grad_sync"]))
     if engine.get("reduce_dtype", "fp32") != "fp32":
         parts.append(f"{engine['reduce_dtype']}-reduce")
+    if engine.get("graphs") and engine.get("grads_in_graph"):
+        parts.append("grads-in-graph")  # results before the field existed: False
     return "+".join(parts) or "eager"
 
 
