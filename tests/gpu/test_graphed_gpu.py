@@ -1,5 +1,5 @@
-"""Backward graphs that accumulate their module's gradients (engine/graphed.py), against eager
-autograd (skipped without CUDA).
+"""Backward graphs that leave their module's gradients themselves (engine/graphed.py), against
+eager autograd, in each of the three modes (skipped without CUDA).
 
     PYTHONPATH=src python -m pytest -m gpu tests/gpu/test_graphed_gpu.py
 """
@@ -27,33 +27,49 @@ class _WithUnused(nn.Module):
         return self.second(torch.relu(self.first(x))) * y
 
 
-def _eager_grads(module, x, y, grad):
-    for p in module.parameters():
-        p.grad = None
-    xs, ys = x.clone().requires_grad_(), y.clone()
-    module(xs, ys).backward(grad)
-    return [None if p.grad is None else p.grad.clone() for p in module.parameters()], xs.grad
-
-
-def test_the_backward_graph_accumulates_what_eager_autograd_does():
+def _data():
     torch.manual_seed(0)
     module = _WithUnused().cuda()
     x, y = torch.randn(64, 16, device="cuda"), torch.randn(64, 8, device="cuda")
-    grad = torch.randn(64, 8, device="cuda")
+    return module, x, y, torch.randn(64, 8, device="cuda")
+
+
+def _eager_grads(module, x, y, grad):
+    for p in module.parameters():
+        p.grad = None
+    xs = x.clone().requires_grad_()
+    module(xs, y.clone()).backward(grad)
+    return [None if p.grad is None else p.grad.clone() for p in module.parameters()], xs.grad
+
+
+def _graphed(module, x, y, mode):
+    flat = FlatGrads(list(module.parameters())) if mode != "own" else None
+    graphed = InGraphGradModule(module, flat.params if flat else list(module.parameters()),
+                                (x.clone().requires_grad_(), y.clone()), torch.cuda.Stream(),
+                                mode, flat.views if flat else None)
+    if flat is not None:
+        flat.leave_unattached(graphed.unused)
+    return graphed, flat
+
+
+def _start_step(graphed, flat):
+    if flat is None:
+        graphed.attach()
+    else:
+        flat.attach(zero=graphed.mode == "add")
+
+
+@pytest.mark.parametrize("mode", ["own", "copy", "add"])
+def test_the_backward_graph_leaves_the_gradients_eager_autograd_computes(mode):
+    module, x, y, grad = _data()
     want_params, want_input = _eager_grads(module, x, y, grad)
-
-    flat = FlatGrads(list(module.parameters()))
-
-    def attach(unused):
-        flat.leave_unattached(unused)
-        flat.attach()
-
-    samples = (x.clone().requires_grad_(), y.clone())
-    graphed = InGraphGradModule(module, list(module.parameters()), samples, torch.cuda.Stream(),
-                                attach)
+    graphed, flat = _graphed(module, x, y, mode)
     assert [id(p) for p in graphed.unused] == [id(p) for p in module.unused.parameters()]
-    attach(graphed.unused)
-    for _ in range(2):  # two micro-steps: the second adds to the first
+    for p in module.parameters():
+        p.grad = None  # as the optimizer's zero_grad leaves them
+    steps = 2 if mode == "add" else 1  # "add": two micro-steps, the second adds to the first
+    _start_step(graphed, flat)
+    for _ in range(steps):
         xs = x.clone().requires_grad_()
         graphed(xs, y.clone()).backward(grad)
     torch.cuda.synchronize()
@@ -61,10 +77,10 @@ def test_the_backward_graph_accumulates_what_eager_autograd_does():
         if want is None:
             assert p.grad is None  # unused: left for the optimizer to skip
         else:
-            torch.testing.assert_close(p.grad, 2 * want)
+            torch.testing.assert_close(p.grad, steps * want)
     torch.testing.assert_close(xs.grad, want_input)
 
-    attach(graphed.unused)  # the next optimizer step starts from zero
+    _start_step(graphed, flat)  # the next optimizer step starts afresh
     graphed(x.clone().requires_grad_(), y.clone()).backward(grad)
     torch.cuda.synchronize()
     torch.testing.assert_close(module.first.weight.grad, want_params[0])
@@ -74,10 +90,9 @@ def test_an_encoder_fed_raw_data_still_gets_its_gradients():
     """No input requires grad: the replay node must still run its backward (the anchor)."""
     module = nn.Linear(8, 8).cuda()
     x = torch.randn(4, 8, device="cuda")
-    flat = FlatGrads(list(module.parameters()))
     graphed = InGraphGradModule(module, list(module.parameters()), (x.clone(),),
-                                torch.cuda.Stream(), lambda unused: flat.attach())
-    flat.attach()
+                                torch.cuda.Stream())
+    graphed.attach()
     graphed(x).sum().backward()
     torch.cuda.synchronize()
     torch.testing.assert_close(module.bias.grad, torch.full((8,), 4.0, device="cuda"))

@@ -377,9 +377,10 @@ def share_from_rank0(make: Callable[[], dict[str, Any]], device: torch.device | 
 
 
 class FlatGrads:
-    """One data-parallel module's gradients as views into one flat buffer per dtype, summed
-    over the module's group by one all-reduce per buffer: no per-step concatenation, no copy
-    back, no per-parameter hook (`grad_sync="flat"`, Megatron's contiguous gradient buffer).
+    """One module's gradients as views into one flat buffer per dtype: for a data-parallel
+    module, summed over its group by one all-reduce per buffer: no per-step concatenation, no
+    copy back, no per-parameter hook (`grad_sync="flat"`, Megatron's contiguous gradient
+    buffer); a backward graph may also write into the views itself (graphed.py).
 
     `attach()` at the start of a step zeroes the buffers and points every `.grad` at its view,
     so autograd's AccumulateGrad adds into them in place. Whoever replaced a `.grad` since
@@ -413,14 +414,19 @@ class FlatGrads:
         self.attached = [(p, v) for p, v in zip(self.params, self.views, strict=True)
                          if id(p) not in skip]
 
-    def attach(self) -> None:
-        for buffer in self.buffers.values():
-            buffer.zero_()
+    def attach(self, zero: bool = True) -> None:
+        """`zero=False` where every view is rewritten whole before it is read (a backward
+        graph that copies its gradients in, graphed.py)."""
+        if zero:
+            for buffer in self.buffers.values():
+                buffer.zero_()
         for p, view in self.attached:
             p.grad = view
 
-    def reduce(self, group: object, divide_by: int = 1) -> list[Any]:
-        for p, view in self.attached:
+    def reduce(self, group: object, divide_by: int = 1, repair: bool = True) -> list[Any]:
+        """`repair=False` where nothing can have replaced a `.grad` since `attach()` (a
+        backward graph wrote the views): skips a host loop over the parameters."""
+        for p, view in self.attached if repair else ():
             grad = p.grad
             if grad is None:
                 view.zero_()

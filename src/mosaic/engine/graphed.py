@@ -1,92 +1,119 @@
-"""One module's forward and backward as two CUDA graphs whose backward adds the parameter
-gradients into their `.grad` buffers itself.
+"""One module's forward and backward as two CUDA graphs that leave the parameter gradients
+where the optimizer (and the all-reduce) reads them, with no per-parameter work on the host.
 
 `torch.cuda.make_graphed_callables` returns parameter gradients from its backward graph to
-autograd, which then runs one AccumulateGrad per parameter tensor on the host (a copy or an
-add launched per tensor). A torch.profiler trace of a data-parallel CLIP `paper` step on
-2 x H200 found the host, not the GPU, bounding the step: ~400 AccumulateGrad calls and ~800
-copies per step for 12.7 ms of GPU work. Here the accumulation is captured inside the
-backward graph instead (autograd's own AccumulateGrad, run once during capture into `.grad`
-tensors that stay put: views of a flat buffer, comm.FlatGrads), so a replay leaves no
-per-parameter work to the host, and the engine runs what the profiler times (one graph of the
-module's forward and backward, gradients accumulated inside).
+autograd, which then runs one AccumulateGrad per parameter tensor on the host. A torch.profiler
+trace of a data-parallel CLIP `paper` step on 2 x H200 found the host, not the GPU, bounding
+the step (~400 AccumulateGrad calls and ~800 copies per step for 12.7 ms of GPU work). Here the
+parameters are not inputs of the autograd node that replays the graphs, so autograd never
+touches them; the backward graph itself leaves each gradient in one of three places (`mode`):
 
-The parameters are not inputs of the autograd node that replays the graphs, so autograd
-never sees them: the owner must keep every used parameter's `.grad` pointing at the tensor
-it had at capture (FlatGrads.attach does, every step) and zero it between optimizer steps.
+- "own": the graph's own output tensors (captured once, rewritten by every replay), which
+  `attach()` points `.grad` at. No kernel beyond the backward's: what make_graphed_callables
+  costs on the GPU. For modules that no collective reads as one buffer.
+- "copy": one fused copy (`torch._foreach_copy_`) into views of a flat buffer
+  (comm.FlatGrads), so a data-parallel module's gradients are all-reduced in one call.
+- "add": the same with `torch._foreach_add_`, for several backwards per optimizer step
+  (gradient accumulation, micro-batches); the owner zeroes the buffer between steps.
+
+Measured on the H200 (CLIP `paper`, batch 16, 1 GPU): letting autograd's AccumulateGrad add
+inside the graph instead (one add kernel per parameter tensor) cost 1.2 ms per step, 11%.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 from torch import nn
 
 WARMUP_ITERATIONS = 2
-"""Eager fwd+bwd runs on the capture stream before capture (cuBLAS handles, allocator)."""
+"""Eager fwd+bwd runs before capture (cuBLAS handles, lazy initialisation)."""
+MODES = ("own", "copy", "add")
 
 
 class InGraphGradModule:
-    """`fn` replayed from CUDA graphs, the parameter gradients accumulated inside them.
+    """`fn` replayed from a forward and a backward CUDA graph; parameter gradients per `mode`
+    (module doc). `views`: for "copy" and "add", each parameter's persistent gradient tensor,
+    in the order of `params`. Parameters the warm-up leaves without a gradient are `unused`:
+    their `.grad` stays None (the optimizer skips them, as it would eagerly)."""
 
-    `attach(unused)` points each used parameter's `.grad` at its persistent tensor (and
-    leaves the `unused` ones, which the warm-up left without a gradient, at None: the
-    optimizer skips them, as it would eagerly); it is called again before every step.
-    """
-
-    def __init__(self, fn: Callable[..., torch.Tensor], params: Sequence[nn.Parameter],
-                 samples: Sequence[torch.Tensor], stream: torch.cuda.Stream,
-                 attach: Callable[[list[nn.Parameter]], None]) -> None:
-        self.fn = fn
-        self.params = [p for p in params if p.requires_grad]
+    def __init__(self, fn: Any, params: Sequence[nn.Parameter], samples: Sequence[torch.Tensor],
+                 stream: torch.cuda.Stream, mode: str = "own",
+                 views: Sequence[torch.Tensor] | None = None) -> None:
+        if mode not in MODES:
+            raise ValueError(f"mode={mode!r}; use one of {MODES}")
+        if (views is None) != (mode == "own"):
+            raise ValueError(f"mode={mode!r} {'takes no' if mode == 'own' else 'needs'} views")
+        self.fn, self.mode = fn, mode
+        trainable = [(i, p) for i, p in enumerate(params) if p.requires_grad]
         self.static_inputs = tuple(samples)
-        self.wants_grad = [x.requires_grad for x in self.static_inputs]
-        self.unused = self._warm_up(stream)
-        unused_ids = {id(p) for p in self.unused}
-        self.used = [p for p in self.params if id(p) not in unused_ids]
-        attach(self.unused)  # .grad = the persistent tensors the capture accumulates into
+        unused = self._warm_up([p for _, p in trainable])
+        self.unused = [p for _, p in trainable if id(p) in unused]
+        self.used = [p for _, p in trainable if id(p) not in unused]
+        self.views = [views[i] for i, p in trainable if id(p) not in unused] if views else []
         self.forward_graph, self.backward_graph = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
+        fresh_cublas_workspaces()
         with torch.cuda.graph(self.forward_graph, stream=stream):
             out = fn(*self.static_inputs)
         self.static_output = out
         self.differentiable = out.requires_grad
         self.static_grad_output = torch.zeros_like(out)
+        self.static_input_grads: list[torch.Tensor | None] = [None] * len(self.static_inputs)
+        self.param_grads: list[torch.Tensor | None] = []
         if self.differentiable:
-            for x in self.static_inputs:
-                x.grad = None
-            wrt = [x for x in self.static_inputs if x.requires_grad] + self.used
             with torch.cuda.graph(self.backward_graph, pool=self.forward_graph.pool(),
                                   stream=stream):
-                torch.autograd.backward(out, self.static_grad_output, inputs=wrt)
-        self.static_input_grads = [x.grad if x.requires_grad else None
-                                   for x in self.static_inputs]
+                self._capture_backward(out)
         # The anchor makes the replay node's output require grad when no input does (an
-        # encoder fed raw data), so its backward, which holds the parameter updates, runs.
+        # encoder fed raw data), so its backward, which holds the parameter gradients, runs.
         self._anchor = torch.zeros((), device=out.device, requires_grad=True)
 
-    def _warm_up(self, stream: torch.cuda.Stream) -> list[nn.Parameter]:
-        saved = [p.grad for p in self.params]
-        for p in self.params:
-            p.grad = None
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
+    def _capture_backward(self, out: torch.Tensor) -> None:
+        wants = [i for i, x in enumerate(self.static_inputs) if x.requires_grad]
+        wrt = [self.static_inputs[i] for i in wants] + self.used
+        grads = torch.autograd.grad(out, wrt, self.static_grad_output, allow_unused=True)
+        for i, g in zip(wants, grads, strict=False):
+            self.static_input_grads[i] = g
+        self.param_grads = list(grads[len(wants):])
+        if self.mode == "own":
+            return
+        pairs = [(v, g) for v, g in zip(self.views, self.param_grads, strict=True) if g is not None]
+        if pairs:
+            views, grads_ = (list(t) for t in zip(*pairs, strict=True))
+            (torch._foreach_copy_ if self.mode == "copy" else torch._foreach_add_)(views, grads_)
+
+    def _warm_up(self, params: list[nn.Parameter]) -> set[int]:
+        """Eager steps on a throwaway stream (as make_graphed_callables does: the capture
+        stream's cuBLAS workspace must be allocated inside the graph's pool); the ids of
+        the parameters that get no gradient."""
+        wants = [x for x in self.static_inputs if x.requires_grad]
+        got: set[int] = set()
+        differentiable = False
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
             for _ in range(WARMUP_ITERATIONS):
                 out = self.fn(*self.static_inputs)
                 if not isinstance(out, torch.Tensor):
                     raise TypeError("a module graphed with its gradients returns one tensor, "
                                     f"not {type(out).__name__}")
                 if out.requires_grad:
-                    wrt = [x for x in self.static_inputs if x.requires_grad] + self.params
-                    torch.autograd.backward(out, torch.zeros_like(out), inputs=wrt)
-        torch.cuda.current_stream().wait_stream(stream)
-        unused = [p for p in self.params if p.grad is None]
-        for p, grad in zip(self.params, saved, strict=True):
-            p.grad = grad
-        for x in self.static_inputs:
-            x.grad = None
-        return unused
+                    differentiable = True
+                    grads = torch.autograd.grad(out, wants + params, torch.zeros_like(out),
+                                                allow_unused=True)
+                    got |= {id(p) for p, g in zip(params, grads[len(wants):], strict=True)
+                            if g is not None}
+                del out
+        torch.cuda.current_stream().wait_stream(side)
+        return {id(p) for p in params} - got if differentiable else set()
+
+    def attach(self) -> None:
+        """Point each used parameter's `.grad` at the tensor the backward graph writes."""
+        tensors = self.views if self.mode != "own" else self.param_grads
+        for p, g in zip(self.used, tensors, strict=True):
+            p.grad = g
 
     def __call__(self, *args: torch.Tensor) -> torch.Tensor:
         if not self.differentiable:
@@ -123,3 +150,21 @@ class _Replay(torch.autograd.Function):
         owner.backward_graph.replay()
         grads = [g.detach() if g is not None else None for g in owner.static_input_grads]
         return (None, None, *grads)
+
+
+def fresh_cublas_workspaces() -> None:
+    """Drop torch's cached cuBLAS workspaces, so the capture that follows allocates its own
+    inside the graph's private memory pool.
+
+    A graph replays the workspace address it captured. Torch caches one workspace per
+    (cuBLAS handle, stream) and frees it whenever the cache is cleared: Inductor's cudagraph
+    trees clear it before every recording, and destroying a graph clears its stream's
+    (pytorch/pytorch#193402). A graph that captured a cached workspace from ordinary memory
+    then scribbles over whatever reuses that memory: with `torch.compile(mode="reduce-overhead")`
+    beside mosaic's graphed plans, an "unspecified launch failure" in the next plan step. A
+    workspace freed inside a live graph's private pool stays reserved to that pool, which
+    takes no further captures.
+    """
+    clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+    if clear is not None:
+        clear()

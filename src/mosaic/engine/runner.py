@@ -44,7 +44,7 @@ from torch.nn.parallel import DistributedDataParallel
 from mosaic.engine.comm import FlatGrads, Key, PlanComm, routes_for, sample_range
 from mosaic.engine.ddp import wrap_ddp
 from mosaic.engine.fsdp import shard_module
-from mosaic.engine.graphed import InGraphGradModule
+from mosaic.engine.graphed import InGraphGradModule, fresh_cublas_workspaces
 from mosaic.engine.timer import Mark, Timer
 from mosaic.errors import MosaicError
 from mosaic.graph import MMGraph
@@ -78,9 +78,11 @@ class RunnerConfig:
     bucket_view: bool = False
     """With 'ddp': gradients are views into DDP's buckets (ddp.py says why)."""
     grads_in_graph: bool = True
-    """With graphs: a module's backward graph adds its parameter gradients into a flat
-    buffer itself (graphed.py), leaving no per-parameter host work. Not for modules DDP
-    synchronises (grad_sync='ddp' on several GPUs): DDP hooks each AccumulateGrad."""
+    """With graphs: a module's backward graph leaves its parameter gradients where they are
+    read (graphed.py), with no per-parameter host work. Not for modules DDP synchronises
+    (grad_sync='ddp' on several GPUs): DDP hooks each AccumulateGrad."""
+    accumulates: bool = False
+    """Several backwards per optimizer step (gradient accumulation): graphs add, not copy."""
 
     def __post_init__(self) -> None:
         if self.grad_sync not in GRAD_SYNC:
@@ -182,8 +184,9 @@ class PlanRunner:
             for m in self.local}
         self._ddp: dict[str, nn.Module] = {}
         self._flat: dict[str, FlatGrads] = {}
-        """Each module's flat gradient buffer, where it has one: data-parallel modules under
-        grad_sync='flat' and modules whose backward graph accumulates (attach_grads)."""
+        """Each module's flat gradient buffer, where it has one (_needs_flat)."""
+        self._in_graph: dict[str, list[InGraphGradModule]] = {}
+        """Modules whose backward graphs leave the gradients (one per micro-batch)."""
         self._reducing: list[Any] = []
         """Their all-reduces in flight, waited for at the end of the step."""
         self._ddp_pending = self.config.grad_sync == "ddp"
@@ -449,8 +452,8 @@ class PlanRunner:
             placement = self.plan.placement(m)
             divide_by = placement.dp_degree if self.global_batch[m] else 1
             if self._flat_eligible(m):  # un-waited: the next stage's backward runs meanwhile
-                self._reducing += self._flat_grads(m).reduce(self.comm.group(self._grad_group(m)),
-                                                             divide_by)
+                self._reducing += self._flat_grads(m).reduce(
+                    self.comm.group(self._grad_group(m)), divide_by, repair=m not in self._in_graph)
                 continue
             # FSDP reduce-scattered a sharded module's gradients, but for the whole scalars
             params = self._whole_params[m] if m in self.sharded else self.modules[m].parameters()
@@ -476,13 +479,31 @@ class PlanRunner:
             self._flat[m] = FlatGrads(list(self.modules[m].parameters()))
         return self._flat[m]
 
+    def _needs_flat(self, m: str) -> bool:
+        """Flat-buffer gradients: data-parallel under grad_sync='flat', or a backward graph
+        adding into them (several backwards per optimizer step)."""
+        return self._flat_eligible(m) or (self._grads_in_graph(m) and self._accumulating())
+
+    def _accumulating(self) -> bool:
+        return self.micro_batches > 1 or self.config.accumulates
+
+    def _grad_mode(self, m: str) -> str:
+        """Where m's backward graph leaves its gradients (graphed.py's modes)."""
+        if not self._needs_flat(m):
+            return "own"
+        return "add" if self._accumulating() else "copy"
+
     def attach_grads(self) -> None:
-        """Start of an optimizer step: point the gradients of modules with a flat buffer at
-        their zeroed views. The buffers are made at the first call, before any backward, so
-        gradients never exist twice."""
+        """Start of an optimizer step: point gradients at the tensors the step writes (flat
+        buffers zeroed where backwards add into them). The buffers are made at the first
+        call, before any backward, so gradients never exist twice."""
         for m in self.local:
-            if self._flat_eligible(m) or self._grads_in_graph(m):
-                self._flat_grads(m).attach()
+            if self._needs_flat(m):
+                overwritten = m in self._in_graph and self._grad_mode(m) == "copy"
+                self._flat_grads(m).attach(zero=not overwritten)
+            elif m in self._in_graph:
+                for graphed in self._in_graph[m]:
+                    graphed.attach()
 
     def _no_sync(self, sync: bool) -> Any:
         for m in self.sharded:  # FSDP2 has a setting, not a context: set it every step
@@ -550,7 +571,6 @@ class PlanRunner:
                 # (capture is illegal there) and has no quota: capture them on a side stream.
                 stream = self._streams[m]
                 torch.cuda.graph.default_capture_stream = side if stream is self._main else stream
-                _fresh_cublas_workspaces()
                 self._callables[m] = [self._graph(m, eager, torch.cuda.graph.default_capture_stream)
                                       for eager in self._callables[m]]
         finally:
@@ -562,15 +582,18 @@ class PlanRunner:
     def _graph(self, m: str, eager: nn.Module, stream: Any) -> Any:
         samples = self._samples[m]
         if not self._grads_in_graph(m):
+            fresh_cublas_workspaces()
             return torch.cuda.make_graphed_callables(eager, samples, allow_unused_input=True)
-        flat = self._flat_grads(m)
-
-        def attach(unused: list[nn.Parameter]) -> None:
-            flat.leave_unattached(unused)
-            flat.attach()
-
-        return InGraphGradModule(eager, list(self.modules[m].parameters()), samples, stream,
-                                 attach)
+        mode = self._grad_mode(m)
+        if mode == "own":
+            graphed = InGraphGradModule(eager, list(self.modules[m].parameters()), samples,
+                                        stream)
+        else:
+            flat = self._flat_grads(m)
+            graphed = InGraphGradModule(eager, flat.params, samples, stream, mode, flat.views)
+            flat.leave_unattached(graphed.unused)
+        self._in_graph.setdefault(m, []).append(graphed)
+        return graphed
 
     # --- timeline ------------------------------------------------------------------------
     def timeline(self, out: StepOutput) -> list[dict[str, Any]]:
@@ -585,22 +608,3 @@ class PlanRunner:
                 "sm_share": self.plan.placement(m).sm_share,
             })
         return events
-
-
-def _fresh_cublas_workspaces() -> None:
-    """Drop torch's cached cuBLAS workspaces, so the capture that follows allocates its own
-    inside the graph's private memory pool.
-
-    A graph replays the workspace address it captured. Torch caches one workspace per
-    (cuBLAS handle, stream) and frees it whenever the cache is cleared: Inductor's cudagraph
-    trees clear it before every recording, and destroying a graph clears its stream's
-    (pytorch/pytorch#193402). A graph that captured a cached workspace from ordinary memory
-    then scribbles over whatever reuses that memory: with `torch.compile(mode="reduce-overhead")`
-    beside mosaic's graphed plans, an "unspecified launch failure" in the next plan step. A
-    workspace freed inside a live graph's private pool stays reserved to that pool, which
-    takes no further captures.
-    """
-    clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
-    if clear is not None:
-        clear()
-

@@ -79,7 +79,8 @@ class EngineConfig:
     def runner_config(self) -> RunnerConfig:
         return RunnerConfig(graphs=self.graphs, amp=self.amp, timeline=self.timeline,
                             grad_sync=self.grad_sync, reduce_dtype=self.reduce_dtype,
-                            bucket_view=self.bucket_view, grads_in_graph=self.grads_in_graph)
+                            bucket_view=self.bucket_view, grads_in_graph=self.grads_in_graph,
+                            accumulates=self.accumulation > 1)
 
 
 # --- the process and what it builds ----------------------------------------------------------
