@@ -248,16 +248,29 @@ def _speedup(base: dict[str, Any] | None, row: dict[str, Any] | None) -> str:
     return f"{base['measured_iteration_s'] / row['measured_iteration_s']:.3f}x"
 
 
+def _engine_text(report: dict[str, Any]) -> str:
+    """Gradient sync (several GPUs) and where gradients are left (bench JSON `engine`)."""
+    engine = report.get("engine", {})
+    sync = f"{engine['grad_sync']}, {engine['reduce_dtype']}" if engine else "bucketed, fp32"
+    parts = [sync] if report["gpus"] > 1 else []
+    if engine.get("grads_in_graph") and engine.get("graphs"):
+        parts.append("grads in graph")
+    return "; ".join(parts) or "–"
+
+
+def _plan_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """The rows of plans as benched, without `--engine-variant` repeats (their own table)."""
+    return [r for r in report["results"] if not r.get("engine_variant")]
+
+
 def _bench_row(report: dict[str, Any], planners: list[str]) -> list[str]:
     rows = by_planner(report)
     mosaic = rows.get("mosaic")
     errors = [r["prediction_error"] for r in rows.values() if r.get("prediction_error") is not None]
     worst = max(errors, key=abs) if errors else None
     error = pct(mosaic.get("prediction_error")) if mosaic else "–"
-    engine = report.get("engine", {})
-    sync = f"{engine['grad_sync']}, {engine['reduce_dtype']}" if engine else "bucketed, fp32"
     return [report["model"], report["preset"], str(report["gpus"]), str(report["global_batch"]),
-            sync if report["gpus"] > 1 else "–",
+            _engine_text(report),
             *[ms(rows[p]["measured_iteration_s"]) if p in rows else "–" for p in planners],
             _speedup(best_baseline(report), mosaic), _speedup(rows.get("torch-compile"), mosaic),
             pct(mfu(report, mosaic), signed=False), f"{error} (worst {pct(worst)})"]
@@ -267,11 +280,11 @@ def bench_table(dir_or_files: str | Path | Iterable[str | Path], results: Path =
     """Every bench results JSON under the directory (or the files), one row each: every
     planner's median ms (user baselines last), mosaic's speedups, MFU and prediction error."""
     reports = [load(f) for f in _result_files(results, dir_or_files)]
-    seen = list(dict.fromkeys(r["planner"] for rep in reports for r in rep["results"]))
+    seen = list(dict.fromkeys(r["planner"] for rep in reports for r in _plan_rows(rep)))
     users = [p for p in USER_BASELINES if p in seen]
     planners = [p for p in seen if p not in USER_BASELINES] + users
     rows = [_bench_row(rep, planners) for rep in reports]
-    header = ["model", "preset", "GPUs", "batch", "gradient sync",
+    header = ["model", "preset", "GPUs", "batch", "engine",
               *[f"{p}, ms" for p in planners],
               "mosaic vs best baseline", "mosaic vs torch-compile",
               f"mosaic MFU (of {PEAK_TFLOPS:.0f} TF/s)",
@@ -287,6 +300,36 @@ def bench(results: Path, arg: str | None) -> str:
     if not arg:
         raise RenderError("bench needs a directory or file under results/: render:bench:DIR")
     return bench_table(arg, results)
+
+
+def variants_table(dir_or_files: str | Path | Iterable[str | Path], results: Path = RESULTS) -> str:
+    """Every `--engine-variant` row: the plan, the settings changed, its median against the
+    same plan under the run's own engine settings (same process and rounds)."""
+    rows = []
+    for path in _result_files(results, dir_or_files):
+        report = load(path)
+        plans = by_planner(report)
+        for r in report["results"]:
+            settings = r.get("engine_variant")
+            if not settings:
+                continue
+            base_label = r["planner"].split("@", 1)[0]
+            base = plans.get(base_label)
+            rows.append([path.name, report["model"], report["preset"], str(report["gpus"]),
+                         str(report["global_batch"]), _engine_text(report), base_label,
+                         ", ".join(f"{k}={str(v).lower()}" for k, v in settings.items()),
+                         ms(base["measured_iteration_s"]) if base else "–",
+                         ms(r["measured_iteration_s"]), _speedup(r, base)])
+    return table(["file", "model", "preset", "GPUs", "batch", "run's engine", "plan",
+                  "variant", "run's engine, ms", "variant, ms", "run's engine vs variant"], rows)
+
+
+@renderer("variants")
+def variants(results: Path, arg: str | None) -> str:
+    if not arg:
+        raise RenderError("variants needs a directory or file under results/: "
+                          "render:variants:DIR")
+    return variants_table(arg, results)
 
 
 # --- (d) the whole-iteration accuracy gate ----------------------------------------------------

@@ -229,3 +229,26 @@ def test_flat_gradients_accumulate_in_place_and_repair_replaced_ones(monkeypatch
     layer.weight.grad = None  # no gradient this step: zeros, as every replica must send
     flat.reduce(group=None)
     assert torch.equal(layer.weight.grad, torch.zeros(2, 3))
+
+
+def test_flat_gradients_can_travel_in_bf16(monkeypatch):
+    """reduce_dtype='bf16' under grad_sync='flat': the all-reduce sends a bf16 copy, and
+    waiting for it writes the (bf16-rounded) sum back into the fp32 buffer."""
+    from mosaic.engine import comm
+
+    sent = []
+
+    def fake_all_reduce(t, group=None, async_op=False):
+        sent.append(t.dtype)
+        t.mul_(2)  # two replicas with the same gradient
+
+    monkeypatch.setattr(comm.dist, "all_reduce", fake_all_reduce)
+    layer = torch.nn.Linear(3, 2)
+    flat = comm.FlatGrads(list(layer.parameters()))
+    flat.attach()
+    layer(torch.ones(4, 3)).sum().backward()
+    local = layer.weight.grad.clone()
+    for work in flat.reduce(group=None, wire_dtype=torch.bfloat16):
+        work.wait()
+    assert sent == [torch.bfloat16] and layer.weight.grad.dtype == torch.float32
+    assert torch.equal(layer.weight.grad, (local.to(torch.bfloat16) * 2).float())

@@ -20,7 +20,7 @@ import json
 import sqlite3
 import time
 import warnings
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -205,8 +205,8 @@ def _shared_candidates(graph: MMGraph, cluster: ClusterSpec, perf: PerfModel,
 def _measured_engine(config: AutotuneConfig, d: Any) -> str:
     """The engine the plans actually ran on (measure_plans turns CUDA graphs off on CPU)."""
     graphs = config.engine.graphs and d.device.type == "cuda"
-    return engine_kind({"graphs": graphs, "compile": config.engine.compile}) + (
-        "" if d.device.type == "cuda" else "@cpu")
+    record = {**asdict(config.engine), "graphs": graphs}
+    return engine_kind(record, d.world_size) + ("" if d.device.type == "cuda" else "@cpu")
 
 
 def _choose(records: tuple[TuneMeasurement, ...], plans: dict[str, Plan],

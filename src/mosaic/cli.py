@@ -408,7 +408,7 @@ def train(
     perf_model: Annotated[PerfModelName, typer.Option("--perf-model", help="auto: profiled where a "
                                                       "profile is shipped")] = PerfModelName.auto,
     compile_mode: Annotated[str | None, typer.Option("--compile", help="Inductor per module: default | max-autotune-no-cudagraphs (GPU)")] = None,
-    grad_sync: Annotated[str, typer.Option(help="ddp | flat | bucketed: DDP per module, one flat gradient buffer per module, or the old bucketed all-reduce")] = "ddp",
+    grad_sync: Annotated[str, typer.Option(help="flat | ddp | bucketed: one flat gradient buffer per module and one all-reduce (fastest measured), DDP per module, or the old bucketed all-reduce")] = "flat",
     reduce_dtype: Annotated[str, typer.Option(help="gradient all-reduce precision: fp32 | bf16")] = "fp32",
     grads_in_graph: Annotated[bool, typer.Option(help="with graphs: each backward graph adds its "
                                                  "module's gradients itself (not under DDP)")] = True,
@@ -585,7 +585,7 @@ def bench(
     warmup: Annotated[int, typer.Option(help="untimed steps per plan first")] = 5,
     graphs: Annotated[bool, typer.Option(help="per-module CUDA graphs")] = True,
     compile_mode: Annotated[str, typer.Option("--compile", help="Inductor per module before capture: auto (default on a GPU, none on CPU) | default | max-autotune-no-cudagraphs | none")] = "auto",
-    grad_sync: Annotated[str, typer.Option(help="ddp | flat | bucketed: DDP per module, one flat gradient buffer per module, or the old bucketed all-reduce")] = "ddp",
+    grad_sync: Annotated[str, typer.Option(help="flat | ddp | bucketed: one flat gradient buffer per module and one all-reduce (fastest measured), DDP per module, or the old bucketed all-reduce")] = "flat",
     reduce_dtype: Annotated[str, typer.Option(help="gradient all-reduce precision: fp32 | bf16")] = "fp32",
     grads_in_graph: Annotated[bool, typer.Option(help="with graphs: each backward graph adds its "
                                                  "module's gradients itself (not under DDP)")] = True,
@@ -648,7 +648,7 @@ def bench(
                          user_programs=users, user_rounds=user_rounds)
     # Predicted for the engine that will run the plans (its kernels' surfaces, its term).
     perf = make_perf_model(perf_model, cluster, preset=preset,
-                           engine=engine_kind(dataclasses.asdict(config.engine)))
+                           engine=engine_kind(dataclasses.asdict(config.engine), gpus))
 
     variants = [parse_variant(v) for v in engine_variants or []]
     for settings in variants:  # refuse a bad variant before planning and set-up
@@ -707,7 +707,7 @@ def _variant_plans(plans: dict, variants: list[dict], base, perf_model: str, clu
     for settings in variants:
         engine = engine_variant(base, settings)
         model = make_perf_model(perf_model, cluster, preset=preset,
-                                engine=engine_kind(dataclasses.asdict(engine)))
+                                engine=engine_kind(dataclasses.asdict(engine), cluster.num_gpus))
         added |= {variant_label(k, settings): model.predict(p, graph)
                   for k, p in plans.items() if variant_applies(p, settings)}
     if variants and not added:
@@ -801,10 +801,14 @@ def model_error(
     fit_engine_term: Annotated[list[Path] | None, typer.Option(
         "--fit-engine-term", help="instead: refit the per-step engine term on the bench results "
         "JSON under DIR (repeatable) plus --db's recorded iterations, and store it in --db")] = None,
+    engine_kinds: Annotated[list[str] | None, typer.Option(
+        "--engine-kind", help="with --fit-engine-term: store only these engine kinds' terms "
+        "(repeatable; e.g. graphs+compile-default+grads-in-graph), leaving the others' as "
+        "they are")] = None,
 ) -> None:
     """Prediction error on held-out measured points: aware vs unaware vs linear interference."""
     if fit_engine_term is not None:
-        _refit_engine_term(fit_engine_term, db, as_json)
+        _refit_engine_term(fit_engine_term, db, as_json, engine_kinds)
         return
     from mosaic.perf.accuracy import model_error as compute
     from mosaic.perf.accuracy import print_model_error
@@ -827,7 +831,8 @@ def model_error(
         print_model_error(result)
 
 
-def _refit_engine_term(results: list[Path], db: Path | None, as_json: bool) -> None:
+def _refit_engine_term(results: list[Path], db: Path | None, as_json: bool,
+                       kinds: list[str] | None) -> None:
     """One engine term per engine kind, stored in --db; its held-out error printed."""
     from mosaic.perf.engine_term import refit
     from mosaic.perf.repredict import Repredictor
@@ -835,7 +840,7 @@ def _refit_engine_term(results: list[Path], db: Path | None, as_json: bool) -> N
     if db is None:  # never the shipped DB by default: a refit replaces what others rely on
         raise OptionError("--fit-engine-term stores the fit in a ProfileDB: pass --db PATH "
                           "(e.g. src/mosaic/profile/data/h200.sqlite)")
-    terms = refit(db, results, Repredictor(db))
+    terms = refit(db, results, Repredictor(db), kinds=kinds)
     if as_json:
         typer.echo(json.dumps({k: t.to_fit().params | {"mape": t.mape, "n_points": t.n_points}
                                for k, t in terms.items()}, indent=2))

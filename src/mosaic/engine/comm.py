@@ -423,9 +423,12 @@ class FlatGrads:
         for p, view in self.attached:
             p.grad = view
 
-    def reduce(self, group: object, divide_by: int = 1, repair: bool = True) -> list[Any]:
+    def reduce(self, group: object, divide_by: int = 1, repair: bool = True,
+               wire_dtype: torch.dtype | None = None) -> list[Any]:
         """`repair=False` where nothing can have replaced a `.grad` since `attach()` (a
-        backward graph wrote the views): skips a host loop over the parameters."""
+        backward graph wrote the views): skips a host loop over the parameters.
+        `wire_dtype` (bf16): the sum travels in it, as Megatron's and FSDP's mixed-precision
+        reduction do, and is written back when the returned handle is waited for."""
         for p, view in self.attached if repair else ():
             grad = p.grad
             if grad is None:
@@ -433,12 +436,29 @@ class FlatGrads:
             elif grad.data_ptr() != view.data_ptr():
                 view.copy_(grad)
             p.grad = view
-        works = []
+        works: list[Any] = []
         for buffer in self.buffers.values():
             if divide_by != 1:
                 buffer.div_(divide_by)  # sum of the shares = share of the sum
-            works.append(dist.all_reduce(buffer, group=group, async_op=True))
+            if wire_dtype is None or wire_dtype == buffer.dtype:
+                works.append(dist.all_reduce(buffer, group=group, async_op=True))
+                continue
+            wire = buffer.to(wire_dtype)
+            works.append(_WrittenBack(dist.all_reduce(wire, group=group, async_op=True),
+                                      wire, buffer))
         return works
+
+
+class _WrittenBack:
+    """An all-reduce of a cast copy; waiting for it copies the sum back into the buffer."""
+
+    def __init__(self, work: Any, wire: torch.Tensor, buffer: torch.Tensor) -> None:
+        self.work, self.wire, self.buffer = work, wire, buffer
+
+    def wait(self) -> None:
+        if self.work is not None:
+            self.work.wait()
+        self.buffer.copy_(self.wire)
 
 
 def _buckets(grads: list[torch.Tensor]) -> list[list[torch.Tensor]]:

@@ -67,12 +67,12 @@ class RunnerConfig:
     """bf16 autocast; None: on for CUDA, off on CPU."""
     timeline: bool = False
     """Record start/end of every module's forward and backward (for the Gantt chart)."""
-    grad_sync: str = "ddp"
-    """How a data-parallel module's gradients are summed: 'ddp' (DistributedDataParallel on the
-    module's process group, buckets all-reduced as gradients are ready), 'bucketed' (flat
-    100 MB all-reduces after the module's backward; kept to measure against) or 'flat'
-    (gradients live in one buffer per module, all-reduced whole after its stage's backward:
-    no per-parameter host work beyond autograd's; comm.FlatGrads)."""
+    grad_sync: str = "flat"
+    """How a data-parallel module's gradients are summed: 'flat' (gradients live in one buffer
+    per module, all-reduced whole after its stage's backward; comm.FlatGrads; the fastest
+    measured, docs/engine.md), 'ddp' (DistributedDataParallel on the module's process group,
+    buckets all-reduced as gradients are ready) or 'bucketed' (flat 100 MB all-reduces after
+    the module's backward; kept to measure against)."""
     reduce_dtype: str = "fp32"
     """'bf16' all-reduces gradients in bf16 (half the bytes; as Megatron and FSDP offer)."""
     bucket_view: bool = False
@@ -89,8 +89,33 @@ class RunnerConfig:
             raise EngineError(f"grad_sync={self.grad_sync!r}; use one of {GRAD_SYNC}")
         if self.reduce_dtype not in REDUCE_DTYPES:
             raise EngineError(f"reduce_dtype={self.reduce_dtype!r}; use one of {sorted(REDUCE_DTYPES)}")
-        if self.reduce_dtype != "fp32" and self.grad_sync != "ddp":
-            raise EngineError("reduce_dtype='bf16' needs grad_sync='ddp' (a DDP comm hook)")
+        if self.reduce_dtype != "fp32" and self.grad_sync == "bucketed":
+            raise EngineError("reduce_dtype='bf16' needs grad_sync='flat' or 'ddp'")
+
+
+@dataclass(frozen=True, slots=True)
+class GradientHome:
+    """Where one module's parameter gradients live and who writes them (decided once)."""
+
+    flat: bool
+    """Views of one flat buffer (comm.FlatGrads)."""
+    flat_sync: bool
+    """Summed over the module's data-parallel group by one all-reduce of that buffer."""
+    graph_mode: str | None
+    """graphed.py's mode when the backward graph leaves them itself; None: autograd's
+    AccumulateGrad does (eager modules, DDP's, or grads_in_graph off)."""
+
+
+def gradient_home(config: RunnerConfig, *, plain: bool, data_parallel: bool,
+                  accumulating: bool) -> GradientHome:
+    """`plain`: neither tensor-parallel nor FSDP-sharded (so graphed, and summable as one
+    buffer); `accumulating`: several backwards per optimizer step."""
+    flat_sync = plain and data_parallel and config.grad_sync == "flat"
+    synced_by_ddp = data_parallel and config.grad_sync == "ddp"  # DDP hooks AccumulateGrad
+    in_graph = plain and config.graphs and config.grads_in_graph and not synced_by_ddp
+    flat = flat_sync or (in_graph and accumulating)
+    mode = None if not in_graph else "add" if accumulating else "copy" if flat else "own"
+    return GradientHome(flat=flat, flat_sync=flat_sync, graph_mode=mode)
 
 
 @dataclass(slots=True)
@@ -174,6 +199,10 @@ class PlanRunner:
         amp = self.cuda if self.config.amp is None else self.config.amp
         self.micro_batches = plan.micro_batches
         self._check_micro_batches()
+        self._homes = {m: gradient_home(
+            self.config, plain=self.tensor_parallel[m] == 1 and m not in self.sharded,
+            data_parallel=comm.group(self._grad_group(m)) is not None,
+            accumulating=self.micro_batches > 1 or self.config.accumulates) for m in self.local}
         # One callable per micro-batch: a graphed callable's forward and backward must
         # alternate, and micro-batch k+1's forward runs before k's backward. Distinct wrapper
         # objects: make_graphed_callables replaces an nn.Module's forward in place.
@@ -184,7 +213,7 @@ class PlanRunner:
             for m in self.local}
         self._ddp: dict[str, nn.Module] = {}
         self._flat: dict[str, FlatGrads] = {}
-        """Each module's flat gradient buffer, where it has one (_needs_flat)."""
+        """Each module's flat gradient buffer, where its home has one."""
         self._in_graph: dict[str, list[InGraphGradModule]] = {}
         """Modules whose backward graphs leave the gradients (one per micro-batch)."""
         self._reducing: list[Any] = []
@@ -451,55 +480,28 @@ class PlanRunner:
                 continue  # DDP reduced them during backward
             placement = self.plan.placement(m)
             divide_by = placement.dp_degree if self.global_batch[m] else 1
-            if self._flat_eligible(m):  # un-waited: the next stage's backward runs meanwhile
+            if self._homes[m].flat_sync:  # un-waited: the next stage's backward runs meanwhile
                 self._reducing += self._flat_grads(m).reduce(
-                    self.comm.group(self._grad_group(m)), divide_by, repair=m not in self._in_graph)
+                    self.comm.group(self._grad_group(m)), divide_by, repair=m not in self._in_graph,
+                    wire_dtype=REDUCE_DTYPES[self.config.reduce_dtype])
                 continue
             # FSDP reduce-scattered a sharded module's gradients, but for the whole scalars
             params = self._whole_params[m] if m in self.sharded else self.modules[m].parameters()
             self.comm.all_reduce_grads(list(params), self._grad_group(m), divide_by=divide_by)
-
-    def _flat_eligible(self, m: str) -> bool:
-        """Plain (not TP, not FSDP) data-parallel modules, under grad_sync='flat'."""
-        return (self.config.grad_sync == "flat" and self.tensor_parallel[m] == 1
-                and m not in self.sharded and self.comm.group(self._grad_group(m)) is not None)
-
-    def _grads_in_graph(self, m: str) -> bool:
-        """Whether m's backward graph accumulates its gradients (RunnerConfig.grads_in_graph)."""
-        if not (self.config.grads_in_graph and self.config.graphs):
-            return False
-        if self.tensor_parallel[m] > 1 or m in self.sharded:
-            return False  # never graphed
-        synced_by_ddp = self.config.grad_sync == "ddp" and \
-            self.comm.group(self._grad_group(m)) is not None
-        return not synced_by_ddp
 
     def _flat_grads(self, m: str) -> FlatGrads:
         if m not in self._flat:
             self._flat[m] = FlatGrads(list(self.modules[m].parameters()))
         return self._flat[m]
 
-    def _needs_flat(self, m: str) -> bool:
-        """Flat-buffer gradients: data-parallel under grad_sync='flat', or a backward graph
-        adding into them (several backwards per optimizer step)."""
-        return self._flat_eligible(m) or (self._grads_in_graph(m) and self._accumulating())
-
-    def _accumulating(self) -> bool:
-        return self.micro_batches > 1 or self.config.accumulates
-
-    def _grad_mode(self, m: str) -> str:
-        """Where m's backward graph leaves its gradients (graphed.py's modes)."""
-        if not self._needs_flat(m):
-            return "own"
-        return "add" if self._accumulating() else "copy"
-
     def attach_grads(self) -> None:
         """Start of an optimizer step: point gradients at the tensors the step writes (flat
         buffers zeroed where backwards add into them). The buffers are made at the first
         call, before any backward, so gradients never exist twice."""
         for m in self.local:
-            if self._needs_flat(m):
-                overwritten = m in self._in_graph and self._grad_mode(m) == "copy"
+            home = self._homes[m]
+            if home.flat:
+                overwritten = m in self._in_graph and home.graph_mode == "copy"
                 self._flat_grads(m).attach(zero=not overwritten)
             elif m in self._in_graph:
                 for graphed in self._in_graph[m]:
@@ -581,10 +583,10 @@ class PlanRunner:
 
     def _graph(self, m: str, eager: nn.Module, stream: Any) -> Any:
         samples = self._samples[m]
-        if not self._grads_in_graph(m):
+        mode = self._homes[m].graph_mode
+        if mode is None:
             fresh_cublas_workspaces()
             return torch.cuda.make_graphed_callables(eager, samples, allow_unused_input=True)
-        mode = self._grad_mode(m)
         if mode == "own":
             graphed = InGraphGradModule(eager, list(self.modules[m].parameters()), samples,
                                         stream)

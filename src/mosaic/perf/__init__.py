@@ -19,11 +19,11 @@ def make_perf_model(name: str, cluster, **kwargs) -> PerfModel:
     if name == "analytic":
         return AnalyticModel(cluster)
     if name == "profiled":  # lazy: scipy and the DB are only needed when asked for
-        from mosaic.perf.engine_term import GPU_ENGINE_KIND
+        from mosaic.perf.engine_term import gpu_engine_kind
         from mosaic.perf.profiled import ProfiledModel
 
         # Predictions are for the engine a plan will run on: by default the GPU engine
         # (compiled modules, CUDA graphs), whose surfaces and engine term the profile holds.
         return ProfiledModel(cluster, kwargs.get("db"), interference=kwargs.get("interference", "aware"),
-                             engine=kwargs.get("engine", GPU_ENGINE_KIND))
+                             engine=kwargs.get("engine", gpu_engine_kind(cluster.num_gpus)))
     raise PerfModelError(f"unknown perf model {name!r}; choose one of {', '.join(PERF_MODELS)}")

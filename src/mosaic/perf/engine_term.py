@@ -102,7 +102,7 @@ class EngineTerm:
                 "predicted": "{:+.3g}% x predicted"}
         scale = {"params": 1e9, "synced_params": 1e9, "predicted": PERCENT, "micro_steps": PERCENT}
         terms = " ".join(unit[f].format(c * scale.get(f, 1e3))
-                           for f, c in zip(self.features, self.coef, strict=True))
+                           for f, c in zip(self.features, self.coef, strict=True)) or "none"
         err = (f", held-out MAPE {self.mape:.1f}% (uncorrected {self.baseline_mape:.1f}%)"
                if self.mape is not None and self.baseline_mape is not None else "")
         return (f"engine term [{self.engine}]: {terms}; fitted on {self.n_points} iterations "
@@ -133,24 +133,33 @@ class EngineTerm:
 
 
 # --- features ------------------------------------------------------------------------------
-GPU_ENGINE_KIND = "graphs+compile-default"
-"""What `mosaic train` and `mosaic bench` run on a GPU unless told otherwise."""
+GPU_ENGINE = {"graphs": True, "compile": "default", "grad_sync": "flat", "reduce_dtype": "fp32",
+              "grads_in_graph": True}
+"""The engine record of what `mosaic bench` (and `mosaic train --graphs --compile default`)
+runs on a GPU unless told otherwise (a test checks it against EngineConfig's defaults)."""
 
 
-def engine_kind(engine: dict[str, Any] | None) -> str:
+def gpu_engine_kind(gpus: int | None = None) -> str:
+    """The engine kind of the default GPU engine on `gpus` GPUs."""
+    return engine_kind(GPU_ENGINE, gpus)
+
+
+def engine_kind(engine: dict[str, Any] | None, gpus: int | None = None) -> str:
     """The engine a measurement ran on, from a bench JSON's `engine` record: results without
     one come from the older eager engine; otherwise 'graphs' and/or 'compile-<mode>', plus the
-    gradient synchronisation when it is not the default DDP in fp32 ('bucketed', 'bf16-reduce')
-    and 'grads-in-graph' when backward graphs accumulate the gradients: each has its own host
-    cost, so each gets its own term."""
+    gradient synchronisation when it is not the default DDP in fp32 ('flat', 'bucketed',
+    'bf16-reduce'; only where several GPUs (`gpus`) could synchronise: on one GPU these
+    settings change nothing) and 'grads-in-graph' when backward graphs leave the gradients:
+    each has its own host cost, so each gets its own term."""
     if not engine:
         return "eager"
     parts = (["graphs"] if engine.get("graphs") else []) + (
         [f"compile-{engine['compile']}"] if engine.get("compile") else [])
-    if engine.get("grad_sync", "ddp") != "ddp":
-        parts.append(str(engine["grad_sync"]))
-    if engine.get("reduce_dtype", "fp32") != "fp32":
-        parts.append(f"{engine['reduce_dtype']}-reduce")
+    if gpus is None or gpus > 1:
+        if engine.get("grad_sync", "ddp") != "ddp":
+            parts.append(str(engine["grad_sync"]))
+        if engine.get("reduce_dtype", "fp32") != "fp32":
+            parts.append(f"{engine['reduce_dtype']}-reduce")
     if engine.get("graphs") and engine.get("grads_in_graph"):
         parts.append("grads-in-graph")  # results before the field existed: False
     return "+".join(parts) or "eager"
@@ -222,7 +231,7 @@ def rows_from_results(paths: str | Path | Iterable[str | Path],
         for r in report.get("results", []):
             if not (r.get("plan") and r.get("measured_iteration_s")):
                 continue
-            kind = engine_kind(row_engine(report, r))
+            kind = engine_kind(row_engine(report, r), report.get("gpus"))
             predicted = (repredict.predict(report, r, engine_term=False) if repredict is not None
                          else r.get("predicted_iteration_s"))
             if predicted:
@@ -300,7 +309,9 @@ def held_out_mape(rows: Sequence[IterationRow], features: Sequence[str]) -> floa
 
 def fit_engine_term(rows: Sequence[IterationRow], engine: str,
                     feature_sets: Sequence[Sequence[str]] = FEATURE_SETS) -> EngineTerm:
-    """The feature set with the least held-out error, refitted on every row of `engine`."""
+    """The feature set with the least held-out error, refitted on every row of `engine`; the
+    empty term where none beats the uncorrected prediction on held-out runs (rows whose
+    error no feature explains, e.g. a host-bound step, must not bend the others')."""
     mine = [r for r in rows if r.engine == engine]
     if len({r.group for r in mine}) < 2:
         raise EngineTermError(
@@ -313,8 +324,12 @@ def fit_engine_term(rows: Sequence[IterationRow], engine: str,
         raise EngineTermError(f"engine {engine!r}: {len(mine)} rows are too few for any feature "
                               f"set; add more bench results of this engine")
     err, _, features = min(scored)
-    coef = _solve(mine, features)
     baseline = float(np.mean([abs(r.predicted_s / r.measured_s - 1) for r in mine])) * PERCENT
+    if err >= baseline:  # no term predicts held-out runs better than none: store none
+        return EngineTerm(engine=engine, features=(), coef=(), mape=baseline,
+                          baseline_mape=baseline, n_points=len(mine),
+                          groups=tuple(sorted({r.group for r in mine})))
+    coef = _solve(mine, features)
     return EngineTerm(engine=engine, features=features, coef=tuple(map(float, coef)), mape=err,
                       baseline_mape=baseline, n_points=len(mine),
                       groups=tuple(sorted({r.group for r in mine})))
@@ -332,12 +347,12 @@ def fit_engine_terms(rows: Sequence[IterationRow]) -> dict[str, EngineTerm]:
 
 
 def refit(db_path: str | Path, results: Sequence[str | Path] = (),
-          today: Any = None) -> dict[str, EngineTerm]:
+          today: Any = None, kinds: Sequence[str] | None = None) -> dict[str, EngineTerm]:
     """Fit every engine kind on the bench results given plus the DB's recorded iterations,
     and store each term in the DB's `fits` table (replacing that kind's previous fit).
     `today` (perf.repredict.Repredictor on this DB): fit against the composed predictions of
     the surfaces in the DB now; a term fitted on the predictions the results recorded from
-    older surfaces would correct the wrong model."""
+    older surfaces would correct the wrong model. `kinds`: store only these kinds' terms."""
     with ProfileDB.open(db_path, readonly=False) as db:
         rows = ((rows_from_results(list(results), today) if results else [])
                 + rows_from_db(db, today))
@@ -345,6 +360,12 @@ def refit(db_path: str | Path, results: Sequence[str | Path] = (),
             raise EngineTermError(f"no profiled-model iteration rows in {list(map(str, results))} "
                                   f"nor in {db_path}'s iterations table; pass bench results JSON")
         terms = fit_engine_terms(rows)
+        if kinds is not None:  # refit one engine without moving the others' terms
+            unknown = set(kinds) - {r.engine for r in rows}
+            if unknown:
+                raise EngineTermError(f"engine kinds {sorted(unknown)} have no iteration rows; "
+                                      f"the rows' kinds: {sorted({r.engine for r in rows})}")
+            terms = {k: t for k, t in terms.items() if k in kinds}
         for term in terms.values():
             db.add_fit(term.to_fit())
     return terms

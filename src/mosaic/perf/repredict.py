@@ -62,7 +62,8 @@ class Repredictor:
             plan = Plan.from_dict(row["plan"])
         except (PlanError, ValueError):
             return None
-        return self.predict_plan(hardware, engine_kind(row_engine(report, row)), plan,
+        return self.predict_plan(hardware, engine_kind(row_engine(report, row), report.get("gpus")),
+                                 plan,
                                  self.graph(report), engine_term=engine_term)
 
     def predict_plan(self, hardware: str, engine: str, plan: Plan, graph: MMGraph, *,
