@@ -201,7 +201,7 @@ class PlanRunner:
         self._check_micro_batches()
         self._homes = {m: gradient_home(
             self.config, plain=self.tensor_parallel[m] == 1 and m not in self.sharded,
-            data_parallel=comm.group(self._grad_group(m)) is not None,
+            data_parallel=len(self._grad_group(m)) > 1,
             accumulating=self.micro_batches > 1 or self.config.accumulates) for m in self.local}
         # One callable per micro-batch: a graphed callable's forward and backward must
         # alternate, and micro-batch k+1's forward runs before k's backward. Distinct wrapper

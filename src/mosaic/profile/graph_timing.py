@@ -65,6 +65,7 @@ class GraphBench:
         """True once a capture failed: this module is timed eagerly (launch overhead included)."""
         self.mode = "global"
         self.capture_errors: list[str] = []
+        self._last_error: BaseException | None = None
 
     def step(self) -> None:
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.amp, cache_enabled=False):
@@ -87,8 +88,9 @@ class GraphBench:
         entry, which costs more than the capture for hundreds of small graphs; instead the
         cyclic GC is paused during capture (a graph it destroyed mid-capture would invalidate
         the capture). A capture refused in "global" error mode (e.g. a library's cudaMalloc
-        in another thread) is retried in "relaxed" mode; a module that still cannot be
-        captured is timed eagerly instead (`eager`, with the reasons in `capture_errors`).
+        in another thread) is retried in "relaxed" mode, one that ran out of memory once more
+        after emptying the allocator's cache; a module that still cannot be captured is timed
+        eagerly instead (`eager`, with the reasons in `capture_errors`).
         """
         with torch.cuda.stream(stream):
             self._clear_grads()
@@ -96,27 +98,41 @@ class GraphBench:
             self._clear_grads()
         torch.cuda.synchronize()
         for mode in self._modes():
-            graph = torch.cuda.CUDAGraph()
-            gc.disable()
-            try:
-                with torch.cuda.stream(stream):
-                    graph.capture_begin(capture_error_mode=mode)
-                    try:
-                        self.step()
-                    finally:
-                        graph.capture_end()
-                self.mode = mode
-                self._clear_grads()
+            graph = self._try_capture(stream, mode)
+            if graph is None and isinstance(self._last_error, torch.OutOfMemoryError):
+                # Deleted graphs' private pools stay cached until emptied (this low-level
+                # capture skips torch.cuda.graph's empty_cache): empty, and try once more.
+                gc.collect()
+                torch.cuda.empty_cache()
+                graph = self._try_capture(stream, mode)
+            if graph is not None:
                 return graph
-            except RuntimeError as exc:
-                self.capture_errors.append(f"{mode}: {str(exc).strip().splitlines()[0][:200]}")
-                del graph
-                _quiet_sync()
-                self._clear_grads()
-            finally:
-                gc.enable()
         self.eager = True
         return _Eager(self.step)
+
+    def _try_capture(self, stream: torch.cuda.Stream, mode: str) -> Any:
+        """The graph, or None with the error noted (`capture_errors`, `_last_error`)."""
+        graph = torch.cuda.CUDAGraph()
+        gc.disable()
+        try:
+            with torch.cuda.stream(stream):
+                graph.capture_begin(capture_error_mode=mode)
+                try:
+                    self.step()
+                finally:
+                    graph.capture_end()
+            self.mode = mode
+            self._clear_grads()
+            return graph
+        except RuntimeError as exc:
+            self.capture_errors.append(f"{mode}: {str(exc).strip().splitlines()[0][:200]}")
+            self._last_error = exc
+            del graph
+            _quiet_sync()
+            self._clear_grads()
+            return None
+        finally:
+            gc.enable()
 
     def _modes(self) -> tuple[str, ...]:
         if self.eager:

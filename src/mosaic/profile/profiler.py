@@ -224,11 +224,17 @@ class ModelProfiler:
                    budget=self.cfg.refine_budget)
         else:
             self.report.notes.append(f"{name}: refinement skipped (budget)")
+        # A point timed eagerly (its capture failed) holds launch overhead a graph does not:
+        # it would bend the surface of the graphs the engine runs, so it is not stored.
+        eager = {(b, k) for b, k in timings if self.bench(name, b).eager}
+        if eager:
+            self.report.notes.append(f"{name}: {len(eager)} point(s) timed eagerly (capture "
+                                     "failed), not stored")
         self.db.add_points([ModulePoint(signature=sig, per_gpu_batch=b, num_sms=k,
                                         time_s=t.median_s, spread=t.spread, repeats=t.repeats,
                                         phase="coarse" if (b, k) in coarse else "refine")
-                            for (b, k), t in sorted(timings.items())])
-        self.report.points += len(timings)
+                            for (b, k), t in sorted(timings.items()) if (b, k) not in eager])
+        self.report.points += len(timings) - len(eager)
 
     # 2. bandwidth signatures --------------------------------------------------------------------
     def signatures(self, antagonist: Antagonist, copy_s: float) -> None:
