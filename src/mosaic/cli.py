@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import json
+import logging
 import os
 import sys
 from dataclasses import replace
@@ -673,6 +674,7 @@ def bench(
                           cpu=d.device.type == "cpu") if autotune else None
         if tuned is not None:
             plans["autotune"] = tuned.plan
+        _log_progress()
         measurements, checks = measure_plans(zoo_model, preset, graph, plans, cluster.gpu, config,
                                              engines)
     finally:
@@ -693,6 +695,17 @@ def bench(
         typer.echo(json.dumps(report, indent=2, default=str))
     else:
         print_bench_table(report)
+
+
+def _log_progress() -> None:
+    """The bench's phase lines (engine/measure.py) on stderr: a start-up of minutes says where
+    it is, and a run killed by a time limit shows the phase it died in."""
+    logger = logging.getLogger("mosaic")
+    if not logger.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("mosaic %(message)s"))
+        logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
 
 
 def _variant_plans(plans: dict, variants: list[dict], base, perf_model: str, cluster,

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import logging
 import math
 import sys
 import threading
@@ -53,6 +54,8 @@ from mosaic.errors import MosaicError
 from mosaic.graph import MMGraph
 from mosaic.hardware import GPUSpec
 from mosaic.plan import Plan, plan_key
+
+log = logging.getLogger(__name__)
 
 LOSS_TOLERANCE = 3e-2
 """Relative loss agreement between contenders under bf16 autocast (kernels differ per SM count)."""
@@ -517,20 +520,28 @@ def measure_plans(model, preset: str, graph: MMGraph, plans: dict[str, Plan], gp
     engines = engines or {}
     variants = {label: _differences(config.engine, engine) for label, engine in engines.items()}
     plans, same = _distinct(plans, variants)
+    progress = _Progress(time.perf_counter())
     s = _setup(model, preset, graph, plans, gpu, config, engines)
     try:
+        progress.say(s, f"{len(s.contenders)} plan(s) set up")
         _check_losses("eager", _losses(s))
-        for c in s.contenders.values():
+        progress.say(s, f"one eager step each (compiles the modules: "
+                        f"{s.compiled.to_dict()['total_compile_s']:.0f} s)")
+        for label, c in s.contenders.items():
             start = time.perf_counter()
             c.session.capture_graphs()
             c.startup_s += time.perf_counter() - start
+            progress.say(s, f"{label}: " + ("CUDA graphs captured" if c.session.runner.graphed
+                                             else "ready (eager: no CUDA graphs)"))
         _add_user_programs(s, config)
         checks: dict[str, Any] = {"compile": s.compiled.to_dict()}
         errors: dict[str, dict[str, float]] = {}
         if config.check_gradients:
             errors, checks["gradients"] = _check_gradients(s, graph.names)
+            progress.say(s, "gradients checked (user programs compiled)")
         _check_losses("after compile and CUDA-graph capture", _losses(s))
         times = _timed_rounds(s, config)
+        progress.say(s, f"{config.rounds} timed round(s) done")
         results = []
         for label, c in s.contenders.items():
             results.append(PlanMeasurement(
@@ -543,6 +554,18 @@ def measure_plans(model, preset: str, graph: MMGraph, plans: dict[str, Plan], gp
     finally:
         _close(s.contenders)
         end_distributed(s.dist)
+
+
+@dataclass(slots=True)
+class _Progress:
+    """Where a long start-up spends its time (compiling eight `paper` modules twice takes
+    minutes): one INFO line per phase, from rank 0, with the seconds since the bench began."""
+
+    start: float
+
+    def say(self, s: _Setup, what: str) -> None:
+        if s.dist.rank == 0:
+            log.info("bench %6.1f s: %s", time.perf_counter() - self.start, what)
 
 
 def _differences(base: EngineConfig, engine: EngineConfig) -> dict[str, Any]:
