@@ -18,12 +18,12 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from safetensors.torch import load_file, save_file
 
 from mosaic.engine.session import Dist, EngineConfig, end_distributed
 from mosaic.engine.trainer import TrainConfig, train
 from mosaic.plan import Placement, Plan, Stage
+from tests.helpers import start_workers
 from tests.test_engine import ToyModel, assert_state_close, reference_state, state_of
 
 pytestmark = pytest.mark.slow
@@ -146,10 +146,8 @@ def _free_ports() -> tuple[int, int]:
 
 def run_workers(world: int, cases: dict, tmp_path: Path, device: str = "cpu",
                 graphs: bool = False, grad_sync: str = "ddp") -> None:
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    mp.start_processes(_worker, args=(world, _free_ports(), cases, str(tmp_path), device, graphs,
-                                      grad_sync),
-                       nprocs=world, join=True, start_method="spawn")
+    start_workers(_worker, (world, _free_ports(), cases, str(tmp_path), device, graphs, grad_sync),
+                  nprocs=world)
 
 
 def check_case(tmp_path: Path, name: str, toy: str, plan: dict, world: int,
