@@ -231,6 +231,7 @@ def _union(states: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("start_workers")  # see tests/test_engine_dist.py
 def test_two_processes_save_and_load_under_other_plans(tmp_path):
     start_workers(_worker, (2, str(tmp_path)), nprocs=2)
     losses = {tag: json.loads((tmp_path / f"{tag}-losses.json").read_text()) for tag in "ABC"}

@@ -26,7 +26,9 @@ from mosaic.plan import Placement, Plan, Stage
 from tests.helpers import start_workers
 from tests.test_engine import ToyModel, assert_state_close, reference_state, state_of
 
-pytestmark = pytest.mark.slow
+# One xdist worker runs every start_workers test (tests/helpers.py), in turn: one forkserver,
+# and never two multi-process runs at once on the 2 cores of CI.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("start_workers")]
 
 STEPS, LR = 3, 0.1
 """SGD (see reference_state) with a large rate, so any gradient error shows in the weights."""

@@ -23,6 +23,10 @@ from mosaic.engine.checkpoint import latest_checkpoint, load_checkpoint
 from mosaic.engine.trainer import TrainConfig, TrainError, train
 from tests.test_engine import ToyModel, one_gpu_plans, state_of
 
+# One xdist worker runs these in turn: the module's plan and uninterrupted run are made once,
+# and two fault runs never contend for the 2 cores of CI (the hang test measures time).
+pytestmark = pytest.mark.xdist_group("faults")
+
 STEPS, EVERY = 8, 3
 """Checkpoints at steps 3, 6 and 8 (the end)."""
 

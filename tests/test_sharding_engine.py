@@ -30,7 +30,9 @@ from tests.helpers import start_workers
 from tests.test_engine import ToyModel, WholeBatchToy, reference_state
 from tests.test_engine_dist import _free_ports
 
-pytestmark = pytest.mark.slow
+# One xdist worker runs every start_workers test (tests/helpers.py), in turn: one forkserver,
+# and never two multi-process runs at once on the 2 cores of CI.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("start_workers")]
 
 STEPS, LR = 3, 0.1
 TIGHT = {"rtol": 1e-5, "atol": 1e-6}

@@ -30,7 +30,9 @@ from mosaic.plan import Placement, Plan, Stage
 from mosaic.zoo import get_model
 from tests.helpers import start_workers
 
-pytestmark = pytest.mark.slow
+# One xdist worker runs every start_workers test (tests/helpers.py), in turn: one forkserver,
+# and never two multi-process runs at once on the 2 cores of CI.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("start_workers")]
 
 MODEL, PRESET, STEPS, LR = "qwen3-vl", "tiny", 3, 0.5
 """SGD with a large rate, so that a wrong gradient (scale, shard, route) shows in the weights."""
