@@ -51,7 +51,7 @@ def bench_two_ranks(model: str, out: Path, *args: str, timeout: float = 240) -> 
     return json.loads((out / "bench.json").read_text()), result.stderr
 
 
-def start_workers(fn: Callable, args: tuple, nprocs: int) -> None:
+def start_workers(fn: Callable, args: tuple, nprocs: int, device: str = "cpu") -> None:
     """`torch.multiprocessing.start_processes(fn, args, nprocs, join=True)` through a forkserver
     that imported torch, transformers and mosaic (WORKER_PRELOAD) once per pytest process: each
     worker forks from it instead of a fresh interpreter importing them again, about 4 s of CPU
@@ -62,10 +62,15 @@ def start_workers(fn: Callable, args: tuple, nprocs: int) -> None:
     test's state reaches it but `args`, and it joins its own process group, builds its own
     modules and seeds its own generators as under spawn. Environment variables set after the
     first call do not reach the workers (the forkserver keeps the environment it started
-    with): pass what a worker needs in `args`. The forkserver never touches CUDA, so NCCL
-    workers may fork from it too."""
+    with): pass what a worker needs in `args`.
+
+    CUDA workers (`device="cuda"`, the GPU tests) are spawned as before: whether the preloaded
+    imports leave CUDA untouched in the forkserver has not been checked on a GPU machine."""
     import torch.multiprocessing as mp
 
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    if device != "cpu":
+        mp.start_processes(fn, args=args, nprocs=nprocs, join=True, start_method="spawn")
+        return
     mp.get_context("forkserver").set_forkserver_preload(list(WORKER_PRELOAD))
     mp.start_processes(fn, args=args, nprocs=nprocs, join=True, start_method="forkserver")

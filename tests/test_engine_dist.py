@@ -149,7 +149,7 @@ def _free_ports() -> tuple[int, int]:
 def run_workers(world: int, cases: dict, tmp_path: Path, device: str = "cpu",
                 graphs: bool = False, grad_sync: str = "ddp") -> None:
     start_workers(_worker, (world, _free_ports(), cases, str(tmp_path), device, graphs, grad_sync),
-                  nprocs=world)
+                  nprocs=world, device=device)
 
 
 def check_case(tmp_path: Path, name: str, toy: str, plan: dict, world: int,

@@ -197,7 +197,8 @@ def _worker(rank: int, port: int, cases: dict, out_dir: str, device: str, world:
 
 def run_cases(cases: dict, tmp_path: Path, device: str = "cpu", world: int = 2) -> None:
     """Every case on `world` processes (gloo on CPU, NCCL on as many GPUs)."""
-    start_workers(_worker, (_free_ports()[0], cases, str(tmp_path), device, world), nprocs=world)
+    start_workers(_worker, (_free_ports()[0], cases, str(tmp_path), device, world), nprocs=world,
+                  device=device)
 
 
 def load_run(tmp_path: Path, name: str, world: int = 2) -> tuple[list[dict], list[list[float]]]:

@@ -127,7 +127,8 @@ def check_against_one_process(tmp_path: Path, expected, world: int, device: str,
     """Train every case of CASES[world] on `world` processes; losses and weights must match
     one process on the CPU."""
     cases = CASES[world]
-    start_workers(_worker, (world, _free_port(), cases, str(tmp_path), device), nprocs=world)
+    start_workers(_worker, (world, _free_port(), cases, str(tmp_path), device), nprocs=world,
+                  device=device)
     losses, state = expected
     for name, plans in cases.items():
         rows = [json.loads(r) for part in range(len(plans))
