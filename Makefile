@@ -30,9 +30,12 @@ demo: install
 lint: install-test
 	$(BIN)/ruff check src tests benchmarks examples
 
+# Two pytest-xdist workers: CI has 2 cores, and most tests use one. Tests that must run in turn
+# on one worker (a module's shared runs, the forkserver of tests/helpers.py, Inductor's cache)
+# carry @pytest.mark.xdist_group; `slow` ones start first (tests/conftest.py).
 test: install-test
 	$(BIN)/ruff check src tests benchmarks examples
-	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n 2 --dist loadgroup
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

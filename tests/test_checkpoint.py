@@ -22,7 +22,6 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from safetensors.torch import load_file, save_file
 from torch import nn
 from torch.distributed.checkpoint import FileSystemWriter
@@ -41,6 +40,7 @@ from mosaic.engine.comm import PlanComm
 from mosaic.engine.runner import PlanRunner
 from mosaic.engine.trainer import build_modules, make_batch, make_optimizer
 from mosaic.plan import Placement, Plan, Stage
+from tests.helpers import start_workers
 from tests.test_engine import ToyModel, one_gpu_plans
 
 STEPS, SAVE_AT, LR = 6, 3, 0.05
@@ -231,9 +231,9 @@ def _union(states: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("start_workers")  # see tests/test_engine_dist.py
 def test_two_processes_save_and_load_under_other_plans(tmp_path):
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    mp.start_processes(_worker, args=(2, str(tmp_path)), nprocs=2, join=True, start_method="spawn")
+    start_workers(_worker, (2, str(tmp_path)), nprocs=2)
     losses = {tag: json.loads((tmp_path / f"{tag}-losses.json").read_text()) for tag in "ABC"}
     saved = _union(_states(tmp_path, "A-saved"))
     # Same plan: exact, rank by rank, RNG included (and the ranks' RNG streams differ).

@@ -147,6 +147,7 @@ def _toy_graph(tmp_path):
     return path
 
 
+@pytest.mark.slow  # trains under torchrun
 @pytest.mark.parametrize("gpus", [1, 2])
 def test_train_and_plan_choose_the_same_plan(tmp_path, gpus):
     """One planning path: `mosaic train --planner mosaic` trains the plan `mosaic plan` makes

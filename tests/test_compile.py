@@ -17,6 +17,9 @@ def _train(model, engine: EngineConfig):
 
 
 @pytest.mark.slow
+# One xdist worker runs the Inductor tests in turn (this and test_user_program's): the second
+# reuses the precompiled header and kernels the first built, most of the cost on a clean machine.
+@pytest.mark.xdist_group("inductor")
 def test_a_compiled_plan_trains_like_the_eager_one():
     model = ToyModel("toyvlm")
     eager = _train(model, EngineConfig())

@@ -18,15 +18,17 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from safetensors.torch import load_file, save_file
 
 from mosaic.engine.session import Dist, EngineConfig, end_distributed
 from mosaic.engine.trainer import TrainConfig, train
 from mosaic.plan import Placement, Plan, Stage
+from tests.helpers import start_workers
 from tests.test_engine import ToyModel, assert_state_close, reference_state, state_of
 
-pytestmark = pytest.mark.slow
+# One xdist worker runs every start_workers test (tests/helpers.py), in turn: one forkserver,
+# and never two multi-process runs at once on the 2 cores of CI.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("start_workers")]
 
 STEPS, LR = 3, 0.1
 """SGD (see reference_state) with a large rate, so any gradient error shows in the weights."""
@@ -146,10 +148,8 @@ def _free_ports() -> tuple[int, int]:
 
 def run_workers(world: int, cases: dict, tmp_path: Path, device: str = "cpu",
                 graphs: bool = False, grad_sync: str = "ddp") -> None:
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    mp.start_processes(_worker, args=(world, _free_ports(), cases, str(tmp_path), device, graphs,
-                                      grad_sync),
-                       nprocs=world, join=True, start_method="spawn")
+    start_workers(_worker, (world, _free_ports(), cases, str(tmp_path), device, graphs, grad_sync),
+                  nprocs=world, device=device)
 
 
 def check_case(tmp_path: Path, name: str, toy: str, plan: dict, world: int,

@@ -140,9 +140,9 @@ def test_planning_1024_gpus_is_bounded():
     cluster = make_cluster(1024, "h200")
     graph = get_model("ofasys").graph("paper", global_batch=1024)
     perf = make_perf_model("profiled", cluster, preset="paper")
-    start = time.perf_counter()
+    start = time.process_time()  # CPU seconds, as test_mosaic_plans_20_modules_on_32_gpus_quickly
     plan = plan_all(graph, cluster, perf, ["mosaic"])[0]
-    assert time.perf_counter() - start < 20.0
+    assert time.process_time() - start < 20.0
     assert simulate(plan, graph, perf).iteration_s == pytest.approx(plan.predicted_iteration_s, rel=1e-6)
 
 

@@ -149,11 +149,13 @@ def test_mosaic_plans_20_modules_on_32_gpus_quickly():
     cluster = make_cluster(32)
     perf = AnalyticModel(cluster)
     graph = synthetic_graph(20, 0, num_gpus=32)
-    start = time.perf_counter()
+    # CPU seconds of this process: the planner runs in one thread, so on an idle machine this is
+    # its wall time, but neither the other xdist worker nor a busy CI host inflates it.
+    start = time.process_time()
     plan = plan_mosaic(graph, cluster, perf)
-    elapsed_s = time.perf_counter() - start
+    elapsed_s = time.process_time() - start
     check_plan(plan, graph, cluster, perf)
-    assert elapsed_s < 5.0  # about 1 s on a 2-core CI machine; generous against noise
+    assert elapsed_s < 5.0  # about 2 s on a 2-core CI machine; generous against noise
     for name in ("megatron", "distmm", "spindle"):
         assert plan.predicted_iteration_s < PLANNERS[name](graph, cluster, perf).predicted_iteration_s
 

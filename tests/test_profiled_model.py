@@ -97,6 +97,7 @@ def test_recovers_held_out_single_points(synthetic):
     assert np.mean(errors) < 0.04 and np.percentile(errors, 90) < 0.08
 
 
+@pytest.mark.slow  # fits every variant on every fold: the longest one-process test
 def test_interference_aware_beats_unaware_and_linear(synthetic):
     path, _, _ = synthetic
     result = model_error(path, CLUSTER, folds=3)

@@ -16,7 +16,6 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn.functional as F
 from torch import nn
 from torch.distributed.tensor import DTensor
@@ -27,10 +26,13 @@ from mosaic.engine.session import EngineConfig
 from mosaic.engine.trainer import TrainConfig, train
 from mosaic.graph import MMGraph, ModuleSpec
 from mosaic.plan import Placement, Plan, Stage
+from tests.helpers import start_workers
 from tests.test_engine import ToyModel, WholeBatchToy, reference_state
 from tests.test_engine_dist import _free_ports
 
-pytestmark = pytest.mark.slow
+# One xdist worker runs every start_workers test (tests/helpers.py), in turn: one forkserver,
+# and never two multi-process runs at once on the 2 cores of CI.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("start_workers")]
 
 STEPS, LR = 3, 0.1
 TIGHT = {"rtol": 1e-5, "atol": 1e-6}
@@ -195,9 +197,8 @@ def _worker(rank: int, port: int, cases: dict, out_dir: str, device: str, world:
 
 def run_cases(cases: dict, tmp_path: Path, device: str = "cpu", world: int = 2) -> None:
     """Every case on `world` processes (gloo on CPU, NCCL on as many GPUs)."""
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    mp.start_processes(_worker, args=(_free_ports()[0], cases, str(tmp_path), device, world),
-                       nprocs=world, join=True, start_method="spawn")
+    start_workers(_worker, (_free_ports()[0], cases, str(tmp_path), device, world), nprocs=world,
+                  device=device)
 
 
 def load_run(tmp_path: Path, name: str, world: int = 2) -> tuple[list[dict], list[list[float]]]:

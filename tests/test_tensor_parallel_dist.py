@@ -19,7 +19,6 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from safetensors.torch import load_file, save_file
 from torch.distributed.tensor import DTensor
 
@@ -29,8 +28,11 @@ from mosaic.engine.tensor_parallel import full_tensor, local_tensor
 from mosaic.engine.trainer import OPTIMIZERS, TrainConfig, train
 from mosaic.plan import Placement, Plan, Stage
 from mosaic.zoo import get_model
+from tests.helpers import start_workers
 
-pytestmark = pytest.mark.slow
+# One xdist worker runs every start_workers test (tests/helpers.py), in turn: one forkserver,
+# and never two multi-process runs at once on the 2 cores of CI.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("start_workers")]
 
 MODEL, PRESET, STEPS, LR = "qwen3-vl", "tiny", 3, 0.5
 """SGD with a large rate, so that a wrong gradient (scale, shard, route) shows in the weights."""
@@ -124,10 +126,9 @@ def check_against_one_process(tmp_path: Path, expected, world: int, device: str,
                               rel: float, rtol: float, atol: float) -> None:
     """Train every case of CASES[world] on `world` processes; losses and weights must match
     one process on the CPU."""
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
     cases = CASES[world]
-    mp.start_processes(_worker, args=(world, _free_port(), cases, str(tmp_path), device),
-                       nprocs=world, join=True, start_method="spawn")
+    start_workers(_worker, (world, _free_port(), cases, str(tmp_path), device), nprocs=world,
+                  device=device)
     losses, state = expected
     for name, plans in cases.items():
         rows = [json.loads(r) for part in range(len(plans))

@@ -125,6 +125,7 @@ def test_compile_fn_is_called_per_module_and_leaves_modules_alone():
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("inductor")  # see tests/test_compile.py
 def test_torch_compile_default_on_cpu_equals_eager():
     """Inductor on CPU (gcc): about 25 s on a cold cache for the toy model."""
     graph, modules, data = toy()
