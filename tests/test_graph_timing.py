@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 
+import pytest
 import torch
 
 from mosaic.profile import graph_timing
@@ -24,29 +25,33 @@ class _FakeGraph:
         pass
 
 
-def _fake_cuda(monkeypatch, emptied: list[int]) -> None:
+@pytest.fixture()
+def emptied(monkeypatch) -> list[int]:
+    """CUDA faked for GraphBench.capture; one entry per torch.cuda.empty_cache() call."""
+    calls: list[int] = []
     monkeypatch.setattr(graph_timing.torch.cuda, "CUDAGraph", _FakeGraph)
     monkeypatch.setattr(graph_timing.torch.cuda, "stream", lambda s: contextlib.nullcontext())
     monkeypatch.setattr(graph_timing.torch.cuda, "synchronize", lambda *a: None)
-    monkeypatch.setattr(graph_timing.torch.cuda, "empty_cache", lambda: emptied.append(1))
+    monkeypatch.setattr(graph_timing.torch.cuda, "empty_cache", lambda: calls.append(1))
+    return calls
 
 
-def test_a_capture_out_of_memory_is_retried_after_emptying_the_cache(monkeypatch):
-    emptied: list[int] = []
-    _fake_cuda(monkeypatch, emptied)
+def _bench() -> graph_timing.GraphBench:
+    return graph_timing.GraphBench(torch.nn.Linear(4, 2), [torch.randn(3, 4)], amp=False)
+
+
+def test_a_capture_out_of_memory_is_retried_after_emptying_the_cache(emptied):
     _FakeGraph.refusals = 1
-    bench = graph_timing.GraphBench(torch.nn.Linear(4, 2), [torch.randn(3, 4)], amp=False)
+    bench = _bench()
     graph = bench.capture(stream=None)
     assert isinstance(graph, _FakeGraph) and not bench.eager
     assert emptied == [1] and bench.mode == "global"
     assert "out of memory" in bench.capture_errors[0]
 
 
-def test_a_module_that_never_fits_is_timed_eagerly_and_says_why(monkeypatch):
-    emptied: list[int] = []
-    _fake_cuda(monkeypatch, emptied)
+def test_a_module_that_never_fits_is_timed_eagerly_and_says_why(emptied):
     _FakeGraph.refusals = 10
-    bench = graph_timing.GraphBench(torch.nn.Linear(4, 2), [torch.randn(3, 4)], amp=False)
+    bench = _bench()
     graph = bench.capture(stream=None)
     assert bench.eager and not isinstance(graph, _FakeGraph)
     assert len(bench.capture_errors) == 4  # global, again after emptying, relaxed, again
