@@ -238,9 +238,14 @@ def test_flat_gradients_can_travel_in_bf16(monkeypatch):
 
     sent = []
 
+    class Done:
+        def wait(self):
+            pass
+
     def fake_all_reduce(t, group=None, async_op=False):
         sent.append(t.dtype)
         t.mul_(2)  # two replicas with the same gradient
+        return Done()
 
     monkeypatch.setattr(comm.dist, "all_reduce", fake_all_reduce)
     layer = torch.nn.Linear(3, 2)

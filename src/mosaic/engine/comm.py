@@ -456,8 +456,7 @@ class _WrittenBack:
         self.work, self.wire, self.buffer = work, wire, buffer
 
     def wait(self) -> None:
-        if self.work is not None:
-            self.work.wait()
+        self.work.wait()
         self.buffer.copy_(self.wire)
 
 

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from mosaic.engine.graphed import fresh_cublas_workspaces
 from mosaic.engine.green import SMPartitionPool, StreamRequest
 from mosaic.errors import MosaicError
 from mosaic.hardware import GPUSpec
@@ -246,9 +247,7 @@ def free_device_memory() -> None:
     Only between measurements: a live graph may point into a workspace."""
     gc.collect()
     torch.cuda.synchronize()
-    clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
-    if clear is not None:
-        clear()
+    fresh_cublas_workspaces()
     torch.cuda.empty_cache()
 
 
