@@ -633,7 +633,11 @@ def bench(
     from mosaic.perf.engine_term import engine_kind
     from mosaic.plan import Plan
     from mosaic.planners import plan_all
-    from mosaic.report.bench_report import print_bench_table, write_bench_artifacts
+    from mosaic.report.bench_report import (
+        print_bench_table,
+        write_bench_json,
+        write_bench_timelines,
+    )
     from mosaic.zoo import get_model
 
     cluster = make_cluster(gpus, hardware)
@@ -690,11 +694,12 @@ def bench(
                         "reduce_dtype": reduce_dtype, "grads_in_graph": grads_in_graph,
                         "accumulation": accumulation}
     out = out or Path("runs") / f"bench-{graph.name}-{preset}-{gpus}"
-    write_bench_artifacts(report, measurements, out)
+    write_bench_json(report, out)
     if as_json:
         typer.echo(json.dumps(report, indent=2, default=str))
     else:
         print_bench_table(report)
+    write_bench_timelines(report, measurements, out)
 
 
 def _log_progress() -> None:

@@ -550,6 +550,7 @@ def measure_plans(model, preset: str, graph: MMGraph, plans: dict[str, Plan], gp
                 timeline=_timeline(s, c), gpu_util=_nvml_util(s, c, config.nvml_seconds),
                 grad_error=errors.get(label, {}), startup_s=c.startup_s,
                 engine_variant=variants.get(label) or None))
+        progress.say(s, "one traced step and GPU utilisation per plan recorded")
         return _with_twins(results, same, plans), checks
     finally:
         _close(s.contenders)

@@ -34,17 +34,23 @@ def _lanes(events: list[TimelineEvent]) -> list[TimelineEvent]:
     return placed
 
 
-def write_bench_artifacts(report: dict, measurements, out: Path) -> Path:
+def write_bench_json(report: dict, out: Path) -> Path:
+    """The results first: plotting the timelines takes seconds, and a run stopped by a time
+    limit while plotting keeps its numbers."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
+    return write_text_atomic(out / "bench.json", json.dumps(report, indent=2, default=str))
+
+
+def write_bench_timelines(report: dict, measurements, out: Path) -> None:
+    """One PNG and one Chrome trace per measured plan's step."""
     for m in measurements:
         if m.timeline:
             events = measured_events(m.timeline)
-            plot_timeline(events, out / f"{m.label}.png",
+            plot_timeline(events, Path(out) / f"{m.label}.png",
                           f"{report['model']} ({report['preset']}), {m.label}: one measured step, "
                           f"{m.median_s * 1e3:.1f} ms median")
-            write_chrome_trace(events, out / f"{m.label}.trace.json")
-    return write_text_atomic(out / "bench.json", json.dumps(report, indent=2, default=str))
+            write_chrome_trace(events, Path(out) / f"{m.label}.trace.json")
 
 
 def print_bench_table(report: dict) -> None:
