@@ -17,10 +17,10 @@ $(BIN)/python:
 	$(PY) -m venv $(VENV) || python3 -m venv $(VENV)
 
 install: $(BIN)/python
-	$(PIP) -e '.[solver,data]'
+	$(PIP) -e '.[data]'
 
 install-test: $(BIN)/python
-	$(PIP) -e '.[solver,test,data]'
+	$(PIP) -e '.[test,data]'
 
 demo: install
 	$(BIN)/mosaic plan $(MODEL) --gpus $(GPUS) --out runs/plan-$(MODEL)-$(GPUS)

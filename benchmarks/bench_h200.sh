@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The issue-7 proof on one GPU, in two halves (the GPU machine has no OR-Tools and installs
-# nothing, so plans are made on a CPU machine and carried as JSON, as a user would):
+# The issue-7 proof on one GPU, in two halves (plans made on a CPU machine and carried as
+# JSON, as a user would; the GPU machine could plan too: the planner is pure Python):
 #   benchmarks/bench_h200.sh plan          # CPU: plans every zoo model into benchmarks/plans/
 #   benchmarks/bench_h200.sh run OUTDIR    # GPU: measures every plan, one process per model
 set -euo pipefail

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Engine speed on one H200: every plan (compiled modules, CUDA graphs on each module's stream)
 # beside the user's own program (eager, and torch.compile(mode="reduce-overhead") per module),
-# one process, one `mosaic bench` per row. Plans are made on a CPU machine (OR-Tools) and
+# one process, one `mosaic bench` per row. Plans are made on a CPU machine and
 # carried as JSON in benchmarks/plans/h200-small/.
 #   PYTHONPATH=src benchmarks/engine_speed_h200.sh OUTDIR "clip:128 imagebind:32 ..."
 set -uo pipefail

@@ -26,7 +26,7 @@ from typing import Any
 
 from mosaic.files import OutputError, check_out_dir, write_text_atomic
 
-PACKAGES = ("mosaic-mm", "torch", "transformers", "numpy", "scipy", "networkx", "ortools")
+PACKAGES = ("mosaic-mm", "torch", "transformers", "numpy", "scipy", "networkx")
 MEASURED_GPU_OFFSET = 1000
 """Chrome-trace pid of measured GPU g is g + this, so the two timelines sit side by side."""
 
