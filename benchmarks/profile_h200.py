@@ -4,8 +4,10 @@
         unified-io-2 ofasys --preset small --out runs/profile --db runs/profile/h200.sqlite
 
 Prints one row per model (points measured vs the full grid, colocations, wall time) and the
-model-error table; writes profile_summary.json and model_error.json under --out, and stores
-each variant's fitted coefficients and held-out MAPE in the DB's `fits` table.
+model-error table per kernel kind with colocations (eager; compile-default once profiled with
+--kernels compile-default); writes profile_summary.json and model_error_<kernels>.json under
+--out, and stores each variant's fitted coefficients and held-out MAPE in the DB's `fits`
+table.
 
 Measured on the lent H200 (torch 2.11+cu130, 2026-11-29), all five models at `small`:
 169 s wall, 446 points of a 1632-point full grid (27%), 100 colocations, 21 bandwidth
@@ -27,9 +29,9 @@ from rich.console import Console
 from rich.table import Table
 
 from mosaic.hardware import make_cluster
-from mosaic.perf.accuracy import model_error, print_model_error
+from mosaic.perf.accuracy import kernels_with_colocations, model_error, print_model_error
 from mosaic.perf.interference import VARIANTS, fit_interference
-from mosaic.perf.profiled import SurfaceSet
+from mosaic.perf.profiled import SurfaceSet, interference_fit_name
 from mosaic.profile.db import FitRecord, ProfileDB
 from mosaic.profile.profiler import ModelReport, ProfilerConfig, profile_models
 
@@ -46,6 +48,10 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--budget", type=float, default=220.0, help="wall-clock seconds for profiling")
     p.add_argument("--refine-budget", type=int, default=8)
     p.add_argument("--no-antagonist", action="store_true")
+    p.add_argument("--kernels", default="eager",
+                   help="eager, or compile-default (the modules as the compiled engine runs them)")
+    p.add_argument("--update", action="store_true",
+                   help="add to --db instead of replacing it (modules already there are kept)")
     return p.parse_args(argv)
 
 
@@ -65,17 +71,22 @@ def summary_table(reports: list[ModelReport], wall_s: float) -> Table:
 
 
 def store_fits(db_path: Path, result: dict, hardware: str) -> None:
-    """Coefficients fitted on all colocations, beside their held-out error."""
+    """Coefficients fitted on all colocations of `result`'s kernels, beside their held-out
+    error (fits named by profiled.interference_fit_name)."""
     now = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+    kernels = result.get("kernels", "eager")
     with ProfileDB.open(db_path, readonly=False) as db:
-        surfaces = SurfaceSet.from_db(db, make_cluster(1, hardware))
-        samples = [s for s in map(surfaces.sample, db.colocations()) if s is not None]
+        surfaces = SurfaceSet.from_db(db, make_cluster(1, hardware), prefer=kernels)
+        colocs = [c for c in db.colocations() if surfaces.colocation_kernels(c) == kernels]
+        samples = [s for s in map(surfaces.sample, colocs) if s is not None]
         for variant in VARIANTS:
             row = result["rows"][f"profiled-{variant}"]
             params = asdict(fit_interference(samples, variant))
-            db.add_fit(FitRecord(name=f"model_error.{variant}", params=params,
+            db.add_fit(FitRecord(name=interference_fit_name(variant, kernels), params=params,
                                  mape=row["coloc_mape"], n_points=row["n_points"]["coloc"],
                                  created=now))
+        if kernels != "eager":
+            return
         single = result["rows"]["profiled-aware"]
         db.add_fit(FitRecord(name="model_error.single", params={"calibration": result["calibration"]},
                              mape=single["single_mape"], n_points=single["n_points"]["single"],
@@ -88,9 +99,11 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     db_path = args.db or args.out / f"{args.hardware}.sqlite"
     cfg = ProfilerConfig(hardware=args.hardware, preset=args.preset, budget_s=args.budget,
-                         refine_budget=args.refine_budget, antagonist=not args.no_antagonist)
+                         refine_budget=args.refine_budget, antagonist=not args.no_antagonist,
+                         kernels=args.kernels)
     t0 = time.perf_counter()
-    reports = profile_models(args.models, str(db_path), cfg, log=lambda s: console.print(s, markup=False, highlight=False))
+    reports = profile_models(args.models, str(db_path), cfg, update=args.update,
+                             log=lambda s: console.print(s, markup=False, highlight=False))
     wall = time.perf_counter() - t0
     console.print(summary_table(reports, wall))
     points, grid = sum(r.points for r in reports), sum(r.full_grid for r in reports)
@@ -100,10 +113,11 @@ def main(argv: list[str] | None = None) -> int:
                "models": [asdict(r) for r in reports]}
     (args.out / "profile_summary.json").write_text(json.dumps(summary, indent=2))
     try:
-        result = model_error(db_path, make_cluster(1, args.hardware))
-        print_model_error(result, console)
-        (args.out / "model_error.json").write_text(json.dumps(result, indent=2))
-        store_fits(db_path, result, args.hardware)
+        for kernels in kernels_with_colocations(db_path):
+            result = model_error(db_path, make_cluster(1, args.hardware), kernels=kernels)
+            print_model_error(result, console)
+            (args.out / f"model_error_{kernels}.json").write_text(json.dumps(result, indent=2))
+            store_fits(db_path, result, args.hardware)
     except Exception:  # the profile itself is saved; report why the error table is missing
         traceback.print_exc()
         return 1

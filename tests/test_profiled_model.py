@@ -9,10 +9,10 @@ import pytest
 from mosaic.graph import MMGraph
 from mosaic.hardware import make_cluster
 from mosaic.perf import make_perf_model
-from mosaic.perf.accuracy import model_error, print_model_error
+from mosaic.perf.accuracy import kernels_with_colocations, model_error, print_model_error
 from mosaic.perf.base import PerfModel, Work
-from mosaic.perf.interference import InterferenceParams, finish_times_s
-from mosaic.perf.profiled import ProfiledModel, SurfaceSet, fit_surface
+from mosaic.perf.interference import InterferenceParams, finish_times_s, group_time_s
+from mosaic.perf.profiled import MIN_KERNEL_COLOCATIONS, ProfiledModel, SurfaceSet, fit_surface
 from mosaic.plan import Placement, Plan, Stage
 from mosaic.profile.db import ColocPoint, ColocWork, ModulePoint, ProfileDB, ProfileDBError
 from tests.helpers import encoders_and_head, spec
@@ -38,7 +38,7 @@ def _noise(rng, sigma):
     return float(np.exp(sigma * rng.standard_normal()))
 
 
-def _coloc(rng, truth, specs, sigs, sharing):
+def _coloc(rng, truth, specs, sigs, sharing, params=TRUTH):
     n = int(rng.choice([2, 2, 3]))
     idx = rng.choice(len(specs), size=n, replace=False)
     b = int(rng.choice(BATCHES[1:]))
@@ -51,7 +51,7 @@ def _coloc(rng, truth, specs, sigs, sharing):
         sms = [132] * n
     prio = [1 if (sharing == "free" and i == 0 and rng.random() < 0.5) else 0 for i in range(n)]
     cows = [truth.cowork(specs[i], b, int(k), p) for i, k, p in zip(idx, sms, prio, strict=True)]
-    times = [t * _noise(rng, 0.01) for t in finish_times_s(TRUTH, cows, sharing)]
+    times = [t * _noise(rng, 0.01) for t in finish_times_s(params, cows, sharing)]
     group = max(times)
     works = tuple(ColocWork(module=specs[i].name, signature=sigs[i], per_gpu_batch=b,
                             num_sms=int(k), priority=p, alone_s=c.alone_s, time_s=float(t))
@@ -228,3 +228,51 @@ def test_the_engine_kind_picks_its_kernels_surfaces_and_says_where_it_falls_back
     notes = compiled.coverage_notes(plan, graph)
     assert any(f"{specs[1].name}: no compile-default surface" in n for n in notes)
     assert sum("outside the measured" in n for n in notes) == 2
+
+
+def _two_kernel_db(path, rng, n_compiled, compiled_params):
+    """Eager and compiled surfaces of the same modules (same times), eager colocations under
+    TRUTH and `n_compiled` compiled ones under `compiled_params`."""
+    truth = SurfaceSet(CLUSTER, {}, {}, {})
+    specs = _specs()
+    db = ProfileDB.create(path, hardware="h200", num_sms=132)
+    for kernels, params, n in (("eager", TRUTH, 18), ("compile-default", compiled_params, n_compiled)):
+        sigs = [db.add_module("toy", "tiny", s, kernels) for s in specs]
+        for s, sig in zip(specs, sigs, strict=True):
+            db.add_points([ModulePoint(signature=sig, per_gpu_batch=b, num_sms=k,
+                                       time_s=truth.time_s(s, b, k)) for b in BATCHES for k in SMS])
+        for i in range(n):
+            db.add_colocation(_coloc(rng, truth, specs, sigs, ("partition", "free", "cap")[i % 3],
+                                     params))
+    db.close()
+
+
+def test_a_compiled_engine_fits_interference_on_compiled_colocations_once_there_are_enough(tmp_path):
+    """Compiled kernels leave a neighbour less idle capacity: their colocations (here three
+    times TRUTH's contention) get their own fit once there are enough of them."""
+    from dataclasses import replace
+
+    rng = np.random.default_rng(1)
+    strong = replace(TRUTH, alpha=3 * TRUTH.alpha)
+    _two_kernel_db(tmp_path / "few.sqlite", rng, MIN_KERNEL_COLOCATIONS - 1, strong)
+    _two_kernel_db(tmp_path / "enough.sqlite", rng, 18, strong)
+    engine = "graphs+compile-default"
+    few = ProfiledModel(CLUSTER, tmp_path / "few.sqlite", engine=engine)
+    assert (few.interference_kernels, few.params.fitted_on) == ("eager", 18)
+    compiled = ProfiledModel(CLUSTER, tmp_path / "enough.sqlite", engine=engine)
+    assert (compiled.interference_kernels, compiled.params.fitted_on) == ("compile-default", 18)
+    assert "18 compile-default colocations" in compiled.describe()
+    eager = ProfiledModel(CLUSTER, tmp_path / "enough.sqlite")
+    assert eager.interference_kernels == "eager"
+
+    with ProfileDB.open(tmp_path / "enough.sqlite") as db:
+        colocs = [c for c in db.colocations()
+                  if compiled.surfaces.colocation_kernels(c) == "compile-default"]
+    samples = [compiled.surfaces.sample(c, use_measured_alone=False) for c in colocs]
+
+    def mape(params):
+        return np.mean([abs(group_time_s(params, s.works, s.sharing) / s.group_time_s - 1)
+                        for s in samples])
+
+    assert mape(compiled.params) < 0.5 * mape(eager.params)
+    assert kernels_with_colocations(tmp_path / "enough.sqlite") == ["eager", "compile-default"]

@@ -823,6 +823,9 @@ def model_error(
         "--engine-kind", help="with --fit-engine-term: store only these engine kinds' terms "
         "(repeatable; e.g. graphs+compile-default+grads-in-graph), leaving the others' as "
         "they are")] = None,
+    kernels: Annotated[str, typer.Option(
+        help="the colocations to judge the interference fit on: those measured with these "
+        "kernels (eager, compile-default, ...)")] = "eager",
 ) -> None:
     """Prediction error on held-out measured points: aware vs unaware vs linear interference."""
     if fit_engine_term is not None:
@@ -842,7 +845,7 @@ def model_error(
         else:
             print_iteration_error(report)
         return
-    result = compute(db or default_db_path(hardware))
+    result = compute(db or default_db_path(hardware), kernels=kernels)
     if as_json:
         typer.echo(json.dumps(result, indent=2))
     else:

@@ -108,14 +108,15 @@ def _summary(single: Sequence[float], coloc: Sequence[float]) -> dict[str, Any]:
 
 
 def model_error(db: ProfileDB | str | Path, cluster: ClusterSpec | None = None, *,
-                folds: int = 3, details: bool = False) -> dict[str, Any]:
-    """Held-out errors (percent) of the profiled model's variants and the analytic reference."""
+                folds: int = 3, details: bool = False, kernels: str = "eager") -> dict[str, Any]:
+    """Held-out errors (percent) of the profiled model's variants and the analytic reference,
+    on the colocations measured with `kernels` (eager, or a compiled engine's)."""
     owned = not isinstance(db, ProfileDB)
     db = ProfileDB.open(db) if owned else db
     try:
         cluster = cluster or make_cluster(1, db.hardware)
-        surfaces = SurfaceSet.from_db(db, cluster)
-        colocs = db.colocations()
+        surfaces = SurfaceSet.from_db(db, cluster, prefer=kernels)
+        colocs = [c for c in db.colocations() if surfaces.colocation_kernels(c) == kernels]
         path = str(db.path)
     finally:
         if owned:
@@ -123,7 +124,7 @@ def model_error(db: ProfileDB | str | Path, cluster: ClusterSpec | None = None, 
     single = single_errors(surfaces)
     single_ape = [r["ape"] for r in single]
     result: dict[str, Any] = {"db": path, "hardware": cluster.gpu.name, "folds": folds,
-                              "calibration": surfaces.calibration, "rows": {}}
+                              "kernels": kernels, "calibration": surfaces.calibration, "rows": {}}
     for variant in VARIANTS:
         rows = coloc_errors(surfaces, colocs, variant, folds)
         summary = _summary(single_ape, [r["ape"] for r in rows])
@@ -136,6 +137,20 @@ def model_error(db: ProfileDB | str | Path, cluster: ClusterSpec | None = None, 
     if details:
         result["single_points"] = single
     return result
+
+
+def kernels_with_colocations(db: ProfileDB | str | Path) -> list[str]:
+    """The kernel kinds (eager first) of which the DB holds colocations."""
+    owned = not isinstance(db, ProfileDB)
+    db = ProfileDB.open(db) if owned else db
+    try:
+        kernels = {r.signature: r.kernels for r in db.modules()}
+        kinds = {next(iter(k)) for c in db.colocations()
+                 if len(k := {kernels.get(w.signature, "eager") for w in c.works}) == 1}
+    finally:
+        if owned:
+            db.close()
+    return sorted(kinds, key=lambda k: (k != "eager", k))
 
 
 def _by_mode(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
@@ -151,7 +166,8 @@ def print_model_error(result: dict[str, Any], console: Any = None) -> None:
     from rich.table import Table
 
     console = console or Console(width=140)
-    table = Table(title=f"model error on held-out points ({result['hardware']}, {result['db']})")
+    table = Table(title=f"model error on held-out points ({result['hardware']}, {result['db']}; "
+                        f"{result.get('kernels', 'eager')} colocations)")
     for col in ("model", "single MAPE %", "coloc MAPE %", "worst %", "points (single/coloc)",
                 "coloc MAPE by mode %"):
         table.add_column(col, justify="left" if col.startswith(("model", "coloc MAPE by")) else "right")

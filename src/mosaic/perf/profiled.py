@@ -58,6 +58,9 @@ from mosaic.profile.db import (
 RHO = 4.0
 """Sharpness of the soft minimum between the SMs given and the SMs the work can fill."""
 RBF_SMOOTHING = 1e-3
+MIN_KERNEL_COLOCATIONS = 12
+"""Colocations of the engine's own kernels before their interference fit replaces the eager
+one (a profiled model measures four groups per sharing mode at each batch it picks)."""
 
 
 # --- 1. one module's surface ---------------------------------------------------------------
@@ -264,11 +267,12 @@ class SurfaceSet:
         batches = [p.per_gpu_batch for p in self.points[sig]]
         return min(batches), max(batches)
 
-    def row(self, spec: ModuleSpec, per_gpu_batch: int) -> np.ndarray:
-        """Times over the SM grid, non-increasing (a quota can always be left partly idle)."""
-        key = (spec, per_gpu_batch)
+    def row(self, spec: ModuleSpec, per_gpu_batch: int, signature: str | None = None) -> np.ndarray:
+        """Times over the SM grid, non-increasing (a quota can always be left partly idle);
+        from `signature`'s surface where given and measured, else the preferred kernels'."""
+        sig = signature if signature in self.surfaces else self.signature_of(spec)
+        key = (sig or spec, per_gpu_batch)
         if key not in self._rows:
-            sig = self.signature_of(spec)
             if sig is None:
                 raw = np.array([self._analytic_s(spec, per_gpu_batch, k) for k in self.grid])
                 raw = raw * self.calibration
@@ -282,11 +286,13 @@ class SurfaceSet:
         return float(self.row(spec, per_gpu_batch)[min(idx, len(self.grid) - 1)])
 
     def cowork(self, spec: ModuleSpec, b: int, limit: int, priority: int = 0,
-               alone_s: float = 0.0) -> CoWork:
+               alone_s: float = 0.0, signature: str | None = None) -> CoWork:
         """The interference model's view of a module on at most `limit` SMs; a measured
-        `alone_s` (time alone on `limit`) rescales its curve to that measurement."""
-        sig = self.signature_of(spec)
-        work = CoWork(sms=tuple(map(float, self.grid)), times=tuple(map(float, self.row(spec, b))),
+        `alone_s` (time alone on `limit`) rescales its curve to that measurement; `signature`:
+        the surface of those kernels (a measured colocation's own), else the preferred one."""
+        sig = signature if signature in self.surfaces else self.signature_of(spec)
+        work = CoWork(sms=tuple(map(float, self.grid)),
+                      times=tuple(map(float, self.row(spec, b, sig))),
                       limit=float(limit),
                       memory_s=module_bytes(spec, b) / self.gpu.mem_bandwidth_bps,
                       sensitivity=self.sensitivity.get(sig, self.default_sensitivity),
@@ -304,9 +310,29 @@ class SurfaceSet:
             if spec is None:
                 return None
             alone = w.alone_s if use_measured_alone else 0.0
-            works.append(self.cowork(spec, w.per_gpu_batch, w.num_sms, w.priority, alone))
+            works.append(self.cowork(spec, w.per_gpu_batch, w.num_sms, w.priority, alone,
+                                     w.signature))
         times = tuple(w.time_s for w in point.works) if all(w.time_s > 0 for w in point.works) else ()
         return CoSample(tuple(works), point.sharing, point.group_time_s, times)
+
+    def colocation_kernels(self, point: ColocPoint) -> str | None:
+        """The kernels every member of a measured colocation ran (None: a mix)."""
+        kinds = {self._kernels_of(w.signature) for w in point.works}
+        return kinds.pop() if len(kinds) == 1 else None
+
+    def interference_pool(self, colocs: Sequence[ColocPoint]) -> tuple[str, list[ColocPoint]]:
+        """The colocations an interference fit for the preferred kernels uses, and their
+        kernels: the preferred kernels' own once there are MIN_KERNEL_COLOCATIONS (compiled
+        kernels leave a neighbour less idle capacity than eager ones), else the eager ones,
+        else all."""
+        by_kernels: dict[str | None, list[ColocPoint]] = {}
+        for c in colocs:
+            by_kernels.setdefault(self.colocation_kernels(c), []).append(c)
+        if len(by_kernels.get(self.prefer, [])) >= MIN_KERNEL_COLOCATIONS:
+            return self.prefer, by_kernels[self.prefer]
+        if by_kernels.get("eager"):
+            return "eager", by_kernels["eager"]
+        return "mixed", list(colocs)
 
 
 def _close(a: ModuleSpec, b: ModuleSpec) -> bool:
@@ -341,10 +367,11 @@ class ProfiledModel(PerfModel):
             self.surfaces = SurfaceSet.from_db(db, cluster, kernels_of_engine(engine))
             fits = {f.name: f for f in db.fits()}
             self.stored_error = {name: f.mape for name, f in fits.items()}
-            stored = _stored_params(fits.get(f"model_error.{interference}"), interference)
+            self.interference_kernels, pool = self.surfaces.interference_pool(db.colocations())
+            fit_name = interference_fit_name(interference, self.interference_kernels)
+            stored = _stored_params(fits.get(fit_name), interference)
             self.params: InterferenceParams = stored or fit_interference(
-                [s for s in map(self.surfaces.sample, db.colocations()) if s is not None],
-                interference)
+                [s for s in map(self.surfaces.sample, pool) if s is not None], interference)
             self.params_source = "stored fit" if stored else "fitted on load"
             self._comm = _comm_curves(db)
             self.engine = engine
@@ -362,9 +389,9 @@ class ProfiledModel(PerfModel):
         p = self.params
         coef = (f"alpha={p.alpha:.3g} p={p.p:.3g} q={p.q:.3g}" if p.variant == "aware"
                 else f"alpha={p.alpha:.3g}" if p.variant == "linear" else "no slowdown term")
-        fitted = (f"{self.params_source} on {p.fitted_on} colocations" if p.fitted_on
-                  else "default coefficients")
-        err = self.stored_error.get(f"model_error.{p.variant}")
+        fitted = (f"{self.params_source} on {p.fitted_on} {self.interference_kernels} colocations"
+                  if p.fitted_on else "default coefficients")
+        err = self.stored_error.get(interference_fit_name(p.variant, self.interference_kernels))
         err_s = f", held-out coloc MAPE {err:.1f}%" if err is not None else ""
         preferred = sum(1 for sig in s.surfaces if s.kernels.get(sig, "eager") == s.prefer)
         return (f"profiled ({self.db_path.name}: {preferred} measured {s.prefer} modules of "
@@ -534,6 +561,12 @@ class ProfiledModel(PerfModel):
         across = ("; analytic across nodes (hierarchical: in-node curves + IB leads)"
                   if self.cluster.num_nodes > 1 else "")
         return f"comm: {'; '.join(parts)}{tail}{across}"
+
+
+def interference_fit_name(variant: str, kernels: str = "eager") -> str:
+    """The `fits` row of an interference variant fitted on colocations of these kernels (the
+    eager one keeps its original name)."""
+    return f"model_error.{variant}" + ("" if kernels in ("eager", "mixed") else f".{kernels}")
 
 
 def _stored_params(fit: FitRecord | None, variant: str) -> InterferenceParams | None:
