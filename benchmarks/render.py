@@ -10,7 +10,7 @@ renderer; the prose around them is the author's. Renderers read only JSON and fo
 fixed rules, so the output is deterministic and a figure cannot drift from its data.
 
 Renderers: one-gpu-bench[:DIR], green-probe[:FILE], bench:DIR_OR_FILE, iteration-error[:DIR],
-scaling-sim[:DIR].
+scaling-sim[:DIR], variants:DIR, targets-1gpu.
 """
 
 from __future__ import annotations
@@ -330,6 +330,92 @@ def variants(results: Path, arg: str | None) -> str:
         raise RenderError("variants needs a directory or file under results/: "
                           "render:variants:DIR")
     return variants_table(arg, results)
+
+
+# --- (c') where the one-GPU engine-speed targets stand ------------------------------------------
+
+SPEEDUP_VS_USER = 1.10
+"""Target: mosaic's plan at least this much faster than the user's torch.compile program."""
+SPEEDUP_VS_BASELINE = 1.05
+"""Target: mosaic's plan at least this much faster than the best in-engine baseline."""
+PLAN_WITHIN = 0.02
+"""Target at 4x the preset batch: the planner's plan within 2% of the best plan measured."""
+
+
+def _compiled_one_gpu(report: dict[str, Any]) -> bool:
+    """A one-GPU run of the compiled engine with the user's torch.compile program beside it."""
+    engine = report.get("engine") or {}
+    return (report["gpus"] == 1 and engine.get("compile") not in (None, "none")
+            and "torch-compile" in by_planner(report))
+
+
+def _latest_runs(results: Path) -> dict[tuple[str, str, int], tuple[Path, dict[str, Any]]]:
+    """(model, preset, batch) -> the newest compiled one-GPU result with torch-compile."""
+    latest: dict[tuple[str, str, int], tuple[Path, dict[str, Any]]] = {}
+    for path in _result_files(results, "."):
+        report = load(path)
+        if not _compiled_one_gpu(report):
+            continue
+        key = (report["model"], report["preset"], report["global_batch"])
+        if key not in latest or report["date"] > latest[key][1]["date"]:
+            latest[key] = (path, report)
+    return latest
+
+
+def _verdict(value: float | None, target: float) -> str:
+    return "–" if value is None else f"{value:.3f}x {'✓' if value >= target else '✗'}"
+
+
+def _ratio(reference: dict[str, Any] | None, row: dict[str, Any] | None) -> float | None:
+    """How many times faster `row` ran than `reference`."""
+    if reference is None or row is None:
+        return None
+    return reference["measured_iteration_s"] / row["measured_iteration_s"]
+
+
+def _target_row(report: dict[str, Any], path: Path, results: Path, times: int) -> list[str]:
+    rows = by_planner(report)
+    mosaic, base, user = rows.get("mosaic"), best_baseline(report), rows["torch-compile"]
+    plans = [r for name, r in rows.items() if name not in USER_BASELINES and not r.get("engine_variant")]
+    best_plan = min(r["measured_iteration_s"] for r in plans)
+    behind = mosaic["measured_iteration_s"] / best_plan - 1 if mosaic else None
+    within = ("–" if behind is None or times != 4 else
+              f"{pct(behind, signed=False)} {'✓' if behind <= PLAN_WITHIN else '✗'}")
+    return [str(path.relative_to(results)), report["date"][:10],
+            ms(mosaic["measured_iteration_s"]) if mosaic else "–",
+            f"{ms(base['measured_iteration_s'])} ({base['planner']})" if base else "–",
+            ms(user["measured_iteration_s"]),
+            _verdict(_ratio(base, mosaic), SPEEDUP_VS_BASELINE),
+            _verdict(_ratio(user, mosaic), SPEEDUP_VS_USER),
+            within, pct(mfu(report, mosaic), signed=False)]
+
+
+@renderer("targets-1gpu")
+def targets_one_gpu(results: Path, arg: str | None) -> str:
+    """Every zoo model at `small` and `paper`, at its preset batch and 4x it, on one GPU: the
+    newest compiled-engine result with the user's torch.compile program beside it, against
+    the engine-speed targets; a combination never measured says so."""
+    from mosaic.zoo import get_model
+
+    latest = _latest_runs(results)
+    rows = []
+    for model in ONE_GPU_MODELS:
+        for preset in ("small", "paper"):
+            preset_batch = get_model(model).graph(preset).global_batch
+            for times in (1, 4):
+                key = (model, preset, times * preset_batch)
+                head = [model, preset, f"{key[2]} ({times}x)"]
+                if key in latest:
+                    rows.append(head + _target_row(latest[key][1], latest[key][0], results, times))
+                else:
+                    rows.append(head + ["not measured"] + ["–"] * 8)
+    header = ["model", "preset", "batch", "result", "date", "mosaic, ms",
+              "best baseline, ms", "torch-compile, ms",
+              f"vs best baseline (≥{SPEEDUP_VS_BASELINE:.2f}x)",
+              f"vs torch-compile (≥{SPEEDUP_VS_USER:.2f}x)",
+              f"mosaic's plan behind the best plan (4x: ≤{PLAN_WITHIN:.0%})",
+              f"mosaic MFU (of {PEAK_TFLOPS:.0f} TF/s)"]
+    return table(header, rows)
 
 
 # --- (d) the whole-iteration accuracy gate ----------------------------------------------------

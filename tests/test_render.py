@@ -111,3 +111,28 @@ def test_iteration_error_block_states_the_verdict(tmp_path):
     assert "\n\n**PASS**: 2 predicted plan rows" in render.iteration_error_block(tmp_path, "ok")
     text = render.iteration_error_block(tmp_path, "bad")
     assert "**FAIL**" in text and "| −30.0% |" in text and "target ≤ 10%" in text
+
+
+def _compiled_run(path, date, mosaic_ms, gpus=1, compile_mode="default", batch=128):
+    rows = [plan_row("megatron", 22.0), plan_row("distmm", 21.0), plan_row("mosaic", mosaic_ms),
+            plan_row("torch-compile", 23.1)]
+    write_bench(path, rows, model="clip", gpus=gpus, batch=batch)
+    report = json.loads(path.read_text())
+    report |= {"date": date, "engine": {"graphs": True, "compile": compile_mode}}
+    path.write_text(json.dumps(report))
+
+
+def test_targets_table_takes_the_newest_compiled_one_gpu_run_per_batch(tmp_path):
+    _compiled_run(tmp_path / "old" / "bench.json", "2026-11-01T00:00:00", 20.0)
+    _compiled_run(tmp_path / "new" / "bench.json", "2026-12-01T00:00:00", 21.21)
+    _compiled_run(tmp_path / "eager" / "bench.json", "2026-12-02T00:00:00", 9.0, compile_mode="none")
+    _compiled_run(tmp_path / "two" / "bench.json", "2026-12-02T00:00:00", 9.0, gpus=2)
+    lines = render.targets_one_gpu(tmp_path, None).splitlines()
+    by_batch = {tuple(c.strip() for c in line.split("|")[1:4]): line.split(" | ")[3:]
+                for line in lines[2:]}
+    assert by_batch[("clip", "small", "32 (1x)")][0] == "not measured"
+    # 21.0 / 21.21 (behind DistMM's plan by 1.0%: inside the 2% of the 4x target), 23.1 / 21.21
+    assert by_batch[("clip", "small", "128 (4x)")][:8] == [
+        "new/bench.json", "2026-12-01", "21.21", "21.00 (distmm)", "23.10", "0.990x ✗",
+        "1.089x ✗", "1.0% ✓"]
+    assert len(lines) == 2 + 5 * 2 * 2  # every zoo model, both presets, 1x and 4x
