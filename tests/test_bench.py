@@ -33,6 +33,8 @@ def test_bench_measures_every_plan_and_reports_ratios(tmp_path):
     assert all(len(m.step_times_s) == 4 for m in measurements)
     assert {e["module"] for e in measurements[1].timeline} == set(graph.names)
     assert checks["gradients"]["reference"] == "torch-eager"
+    seconds = [p["s"] for p in checks["phases"]]  # the start-up's phases, in order
+    assert seconds == sorted(seconds) and checks["phases"][-1]["phase"].startswith("one traced")
     assert set(measurements[0].grad_error) == set(graph.names)
     assert max(measurements[1].grad_error.values()) < 1e-4  # fp32 on CPU: same math
     report = bench_report(graph, measurements, H200, "tiny", 1)

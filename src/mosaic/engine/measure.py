@@ -551,6 +551,7 @@ def measure_plans(model, preset: str, graph: MMGraph, plans: dict[str, Plan], gp
                 grad_error=errors.get(label, {}), startup_s=c.startup_s,
                 engine_variant=variants.get(label) or None))
         progress.say(s, "one traced step and GPU utilisation per plan recorded")
+        checks["phases"] = progress.phases
         return _with_twins(results, same, plans), checks
     finally:
         _close(s.contenders)
@@ -560,13 +561,17 @@ def measure_plans(model, preset: str, graph: MMGraph, plans: dict[str, Plan], gp
 @dataclass(slots=True)
 class _Progress:
     """Where a long start-up spends its time (compiling eight `paper` modules twice takes
-    minutes): one INFO line per phase, from rank 0, with the seconds since the bench began."""
+    minutes): one INFO line per phase, from rank 0, with the seconds since the bench began;
+    the same (seconds, phase) pairs go into the results (`checks.phases`)."""
 
     start: float
+    phases: list[dict[str, Any]] = field(default_factory=list)
 
     def say(self, s: _Setup, what: str) -> None:
+        elapsed = time.perf_counter() - self.start
+        self.phases.append({"s": round(elapsed, 2), "phase": what})
         if s.dist.rank == 0:
-            log.info("bench %6.1f s: %s", time.perf_counter() - self.start, what)
+            log.info("bench %6.1f s: %s", elapsed, what)
 
 
 def _differences(base: EngineConfig, engine: EngineConfig) -> dict[str, Any]:
