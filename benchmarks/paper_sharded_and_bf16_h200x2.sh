@@ -1,22 +1,25 @@
 #!/usr/bin/env bash
 # PREPARED, NOT YET RUN. One device call on 2 x H200, results under $1:
-#  GPU 0: OFASys `paper` on one GPU, four plans against torch-compile (two calls timed out
-#         before; the bench now logs each start-up phase on stderr, so the log shows where).
+#  GPU 0: CLIP `paper` megatron at 16 per GPU on one GPU alone (weak scaling's 1-GPU side,
+#         with start-up phases now in its JSON).
 #  GPU 1: ImageBind `paper` vision surface again (it ran out of memory at its first capture;
 #         the profiler now empties the allocator's cache and retries).
 #  Then both GPUs: Qwen3-VL `paper` megatron plan (the 7.6B LLM sharded with FSDP2) against
-#  the unsharded plans that fit, and CLIP `paper` with bf16 gradient reduction as a variant.
+#  the unsharded plans that fit, and CLIP `paper` with bf16 gradient reduction as a variant
+#  (a second run of the default 2-GPU engine too, for its engine term).
+# OFASys `paper` on one GPU needs more than 330 s on a cold Inductor cache (eight modules
+# compiled twice): benchmarks/ofasys_paper_1gpu_h200.sh runs it alone.
 set -u
 OUT=${1:?usage: paper_sharded_and_bf16_h200x2.sh OUT}
 mkdir -p "$OUT" /tmp/logs
 export PYTHONPATH=src NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
 PLANS=benchmarks/plans/h200-paper-compiled
 (
-  CUDA_VISIBLE_DEVICES=0 timeout 330 python -m mosaic bench ofasys --gpus 1 --preset paper \
-    --perf-model profiled --plans $PLANS/ofasys-1gpu --user-programs torch-compile --rounds 3 \
-    --out /tmp/o1 --json > "$OUT/bench_ofasys_paper_1gpu.json" \
-    2> /tmp/logs/bench_ofasys_paper_1gpu.err
-  echo "ofasys 1gpu rc=$?"
+  CUDA_VISIBLE_DEVICES=0 timeout 200 python -m mosaic bench clip --gpus 1 --preset paper \
+    --batch 16 --perf-model profiled --planners megatron --user-programs torch-compile \
+    --rounds 6 --out /tmp/c1 --json > "$OUT/bench_clip_paper_1gpu_b16.json" \
+    2> /tmp/logs/bench_clip_paper_1gpu_b16.err
+  echo "clip paper 1gpu b16 rc=$?"
 ) &
 (
   cp src/mosaic/profile/data/h200.sqlite "$OUT/h200.sqlite"
