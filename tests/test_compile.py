@@ -81,3 +81,55 @@ def test_the_backward_is_compiled_without_retaining_a_graph(monkeypatch):
     views["m"](x).sum().backward()
     assert len(calls) == 1 and not calls[0].get("retain_graph")
     assert not report.eager and x.grad is not None and layer.weight.grad is not None
+
+
+class _Stack(torch.nn.Module):
+    """An embedding, three identical blocks in a ModuleList, a head: a toy transformer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed = torch.nn.Linear(8, 16)
+        self.layers = torch.nn.ModuleList(
+            torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.GELU()) for _ in range(3))
+        self.head = torch.nn.Linear(16, 1)
+
+    def forward(self, x):
+        x = self.embed(x)
+        for layer in self.layers:
+            x = x + layer(x)
+        return self.head(x).sum()
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("inductor")
+def test_blocks_scope_compiles_one_layer_for_all_and_leaves_the_module_as_it_was():
+    from torch._dynamo.utils import counters
+
+    from mosaic.engine.compile import repeated_block_lists
+
+    module, x = _Stack(), torch.randn(4, 8)
+    assert [path for path, _ in repeated_block_lists(module)] == ["layers"]
+    eager_loss = module(x)
+    eager_grads = torch.autograd.grad(eager_loss, list(module.parameters()))
+    torch._dynamo.reset()
+    counters.clear()
+    views, report = compile_modules({"m": module}, "default", scope="blocks")
+    loss = views["m"](x)
+    grads = torch.autograd.grad(loss, list(module.parameters()))
+    assert report.compiled["m"]["scope"] == "blocks" and report.compiled["m"]["blocks"] == 3
+    assert counters["stats"]["unique_graphs"] == 1  # the block, traced once for all three
+    torch.testing.assert_close(loss, eager_loss, rtol=1e-5, atol=1e-6)
+    for got, want in zip(grads, eager_grads, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    # The module itself still runs eagerly (the user's eager program shares it).
+    assert all(type(layer) is torch.nn.Sequential for layer in module.layers)
+    assert all(p1 is p2 for p1, p2 in zip(views["m"].parameters(), module.parameters(),
+                                          strict=True))
+
+
+def test_a_module_without_repeated_blocks_is_compiled_whole_under_blocks_scope():
+    _, report = compile_modules({"m": torch.nn.Linear(2, 2)}, "default", scope="blocks")
+    assert report.compiled["m"]["scope"] == "module"
+    with pytest.raises(ValueError, match="compile scope 'layers'"):
+        compile_modules({"m": torch.nn.Linear(2, 2)}, "default", scope="layers")

@@ -79,6 +79,9 @@ def test_engine_kind_of_a_bench_engine_record():
     assert engine_kind({"graphs": True, "compile": "default"}) == "graphs+compile-default"
     assert engine_kind({"graphs": True, "compile": "default", "grad_sync": "bucketed",
                         "reduce_dtype": "bf16"}) == "graphs+compile-default+bucketed+bf16-reduce"
+    blocks = {"graphs": True, "compile": "default", "compile_scope": "blocks"}
+    assert engine_kind(blocks) == "graphs+compile-default+blocks-scope"
+    assert engine_kind({**blocks, "compile_scope": "module"}) == "graphs+compile-default"
     assert kernels_of_engine("graphs+compile-default+bucketed") == "compile-default"
     assert kernels_of_engine("graphs") == kernels_of_engine(None) == "eager"
 

@@ -409,6 +409,7 @@ def train(
     perf_model: Annotated[PerfModelName, typer.Option("--perf-model", help="auto: profiled where a "
                                                       "profile is shipped")] = PerfModelName.auto,
     compile_mode: Annotated[str | None, typer.Option("--compile", help="Inductor per module: default | max-autotune-no-cudagraphs (GPU)")] = None,
+    compile_scope: Annotated[str, typer.Option(help="module: one torch.compile per module | blocks: one per repeated layer (compile time independent of depth)")] = "module",
     grad_sync: Annotated[str, typer.Option(help="flat | ddp | bucketed: one flat gradient buffer per module and one all-reduce (fastest measured), DDP per module, or the old bucketed all-reduce")] = "flat",
     reduce_dtype: Annotated[str, typer.Option(help="gradient all-reduce precision: fp32 | bf16")] = "fp32",
     grads_in_graph: Annotated[bool, typer.Option(help="with graphs: each backward graph adds its "
@@ -471,7 +472,8 @@ def train(
         plan_obj = None
         if plan_file is None:
             graph = get_model(model).graph(preset, global_batch=batch)
-        engine = EngineConfig(graphs=graphs, compile=compile_mode, grad_sync=grad_sync,
+        engine = EngineConfig(graphs=graphs, compile=compile_mode, compile_scope=compile_scope,
+                              grad_sync=grad_sync,
                               reduce_dtype=reduce_dtype, grads_in_graph=grads_in_graph,
                               accumulation=accumulation,
                               timeline=out is not None)
@@ -586,6 +588,7 @@ def bench(
     warmup: Annotated[int, typer.Option(help="untimed steps per plan first")] = 5,
     graphs: Annotated[bool, typer.Option(help="per-module CUDA graphs")] = True,
     compile_mode: Annotated[str, typer.Option("--compile", help="Inductor per module before capture: auto (default on a GPU, none on CPU) | default | max-autotune-no-cudagraphs | none")] = "auto",
+    compile_scope: Annotated[str, typer.Option(help="module: one torch.compile per module | blocks: one per repeated layer (compile time independent of depth)")] = "module",
     grad_sync: Annotated[str, typer.Option(help="flat | ddp | bucketed: one flat gradient buffer per module and one all-reduce (fastest measured), DDP per module, or the old bucketed all-reduce")] = "flat",
     reduce_dtype: Annotated[str, typer.Option(help="gradient all-reduce precision: fp32 | bf16")] = "fp32",
     grads_in_graph: Annotated[bool, typer.Option(help="with graphs: each backward graph adds its "
@@ -647,6 +650,7 @@ def bench(
     users = tuple(n.strip() for n in user_programs.split(",") if n.strip() not in ("", "none"))
     config = BenchConfig(rounds=rounds, steps_per_round=steps_per_round, warmup_steps=warmup,
                          engine=EngineConfig(graphs=graphs, compile=_compile_mode(compile_mode),
+                                             compile_scope=compile_scope,
                                              grad_sync=grad_sync, reduce_dtype=reduce_dtype,
                                              grads_in_graph=grads_in_graph,
                                              accumulation=accumulation),
@@ -690,7 +694,8 @@ def bench(
     report["checks"] = checks
     if tuned is not None:
         report["autotune"] = tuned.to_dict()
-    report["engine"] = {"graphs": graphs, "compile": _compile_mode(compile_mode), "grad_sync": grad_sync,
+    report["engine"] = {"graphs": graphs, "compile": _compile_mode(compile_mode),
+                        "compile_scope": compile_scope, "grad_sync": grad_sync,
                         "reduce_dtype": reduce_dtype, "grads_in_graph": grads_in_graph,
                         "accumulation": accumulation}
     out = out or Path("runs") / f"bench-{graph.name}-{preset}-{gpus}"

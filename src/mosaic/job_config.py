@@ -6,7 +6,8 @@ A TOML file (tomllib; `.yaml` / `.yml` through pyyaml) of sections mapping onto 
     model = "clip"
     [train]   steps, lr, seed, batch, preset, data
     [plan]    planner, gpus, file, hardware, perf_model
-    [engine]  graphs, compile, grad_sync, reduce_dtype, grads_in_graph, accumulation
+    [engine]  graphs, compile, compile_scope, grad_sync, reduce_dtype, grads_in_graph,
+              accumulation
     [checkpoint] dir, every, resume
     [run]     out, overwrite, metrics, tensorboard, torch_trace
 
@@ -41,6 +42,7 @@ FIELDS: dict[str, tuple[str, type]] = {
     "plan.planner": ("planner", str), "plan.gpus": ("gpus", int), "plan.file": ("plan_file", Path),
     "plan.hardware": ("hardware", str), "plan.perf_model": ("perf_model", str),
     "engine.graphs": ("graphs", bool), "engine.compile": ("compile_mode", str),
+    "engine.compile_scope": ("compile_scope", str),
     "engine.grad_sync": ("grad_sync", str), "engine.reduce_dtype": ("reduce_dtype", str),
     "engine.grads_in_graph": ("grads_in_graph", bool), "engine.accumulation": ("accumulation", int),
     "checkpoint.dir": ("checkpoint_dir", Path), "checkpoint.every": ("checkpoint_every", int),

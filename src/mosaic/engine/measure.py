@@ -208,7 +208,7 @@ def _setup(model, preset: str, graph: MMGraph, plans: dict[str, Plan], gpu: GPUS
     names = graph.names if config.user_programs else local_modules(shared, d.rank)
     modules = build_modules(model, preset, names, config.seed, d.device)
     engine = _on_device(config.engine, d)
-    views, compiled = compile_modules(modules, engine.compile)
+    views, compiled = compile_modules(modules, engine.compile, scope=engine.compile_scope)
     batch = make_batch(model, preset, graph.global_batch, config.seed, 0)
     contenders: dict[str, _Contender] = {}
     try:
@@ -294,7 +294,7 @@ def _own_contender(label: str, plan: Plan, model, preset: str, graph: MMGraph, d
     """A plan that shards its modules in place trains its own copy of them (the same weights:
     same seed) with its own optimizer, so the other plans keep whole parameters."""
     own = build_modules(model, preset, local_modules(plan, d.rank), config.seed, d.device)
-    views, _ = compile_modules(own, engine.compile, compiled)
+    views, _ = compile_modules(own, engine.compile, compiled, engine.compile_scope)
     session = RankSession.create(plan, graph, own, d, gpu, engine, views=views)
     contender = _plan_contender(label, session, batch)
     contender.modules = own
@@ -309,7 +309,8 @@ def _add_user_programs(s: _Setup, config: BenchConfig) -> None:
     blocking stream")."""
     for label in config.user_programs:
         program = UserProgram(graph=s.graph, modules=s.modules, compile_mode=USER_PROGRAMS[label],
-                              device=s.device, amp=s.engine.amp, compile_fn=compile_fn(s.compiled))
+                              device=s.device, amp=s.engine.amp,
+                              compile_fn=compile_fn(s.compiled, s.engine.compile_scope, label))
         s.contenders[label] = _user_contender(label, program, s.batch)
 
 

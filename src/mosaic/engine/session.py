@@ -26,7 +26,7 @@ from torch import nn
 
 from mosaic.engine import tensor_parallel
 from mosaic.engine.comm import PlanComm, check_world_size
-from mosaic.engine.compile import COMPILE_MODES
+from mosaic.engine.compile import COMPILE_MODES, COMPILE_SCOPES
 from mosaic.engine.green import SMPartitionPool, requests_for_plan
 from mosaic.engine.runner import GRAD_SYNC, REDUCE_DTYPES, PlanRunner, RunnerConfig, StepOutput
 from mosaic.errors import MosaicError
@@ -49,6 +49,9 @@ class EngineConfig:
     """Per-module CUDA graphs, captured on each module's own stream (GPU only)."""
     compile: str | None = None
     """Inductor per module before capture: 'default', 'max-autotune-no-cudagraphs' or None."""
+    compile_scope: str = "module"
+    """What one torch.compile call covers: each whole module, or each repeated block of it
+    ('blocks': compile time no longer grows with depth; engine/compile.py)."""
     amp: bool | None = None
     """bf16 autocast; None: on for CUDA, off on CPU."""
     grad_sync: str = "flat"
@@ -70,6 +73,8 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if self.compile is not None and self.compile not in COMPILE_MODES:
             raise SessionError(f"compile={self.compile!r}; use one of {COMPILE_MODES} or None")
+        if self.compile_scope not in COMPILE_SCOPES:
+            raise SessionError(f"compile_scope={self.compile_scope!r}; use one of {COMPILE_SCOPES}")
         if self.grad_sync not in GRAD_SYNC:
             raise SessionError(f"grad_sync={self.grad_sync!r}; use one of {GRAD_SYNC}")
         if self.reduce_dtype not in REDUCE_DTYPES:

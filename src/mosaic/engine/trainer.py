@@ -260,7 +260,8 @@ def _build(config: TrainConfig, model: TrainableModel, graph: MMGraph, plan: Pla
     gpu = make_cluster(plan.num_gpus, config.hardware).gpu
     modules = build_modules(model, config.preset, local_modules(plan, d.rank), config.seed,
                             d.device)
-    views, compiled = compile_modules(modules, config.engine.compile)
+    views, compiled = compile_modules(modules, config.engine.compile,
+                                      scope=config.engine.compile_scope)
     session = RankSession.create(plan, graph, modules, d, gpu, config.engine, views=views)
     for name in session.runner.sharded:
         compiled.mark_eager(name, "sharded states (FSDP2) run the plain module")
