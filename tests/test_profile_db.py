@@ -287,3 +287,12 @@ def test_the_batch_grid_reaches_past_the_global_batch():
 
     assert batch_grid(32, 128) == [1, 2, 4, 8, 16, 32, 64, 128]
     assert batch_grid(24, 96) == [1, 2, 4, 8, 16, 24, 32, 64, 96]
+
+
+def test_kernels_names_round_trip_to_the_engines_compile_settings():
+    from mosaic.profile.db import KERNELS, compile_of_kernels, kernels_label
+
+    for kernels in KERNELS:
+        assert kernels_label(*compile_of_kernels(kernels)) == kernels
+    assert compile_of_kernels("compile-default-blocks") == ("default", "blocks")
+    assert kernels_label(None, "blocks") == "eager"

@@ -276,3 +276,25 @@ def test_a_compiled_engine_fits_interference_on_compiled_colocations_once_there_
 
     assert mape(compiled.params) < 0.5 * mape(eager.params)
     assert kernels_with_colocations(tmp_path / "enough.sqlite") == ["eager", "compile-default"]
+
+
+def test_a_layer_by_layer_engine_falls_back_to_the_whole_module_compiled_surface(tmp_path):
+    """No `compile-default-blocks` surface yet: the same mode compiled whole stands in before
+    the eager one, and the plan's coverage notes say which."""
+    spec_ = _specs()[0]
+    db = ProfileDB.create(tmp_path / "b.sqlite", hardware="h200", num_sms=132)
+    for kernels, scale in (("eager", 1.0), ("compile-default", 0.5)):
+        sig = db.add_module("toy", "tiny", spec_, kernels)
+        db.add_points([ModulePoint(signature=sig, per_gpu_batch=b, num_sms=k,
+                                   time_s=scale * 1e-3 * b * 132 / k) for b in BATCHES for k in SMS])
+    db.close()
+    whole = ProfiledModel(CLUSTER, tmp_path / "b.sqlite", engine="graphs+compile-default")
+    blocks = ProfiledModel(CLUSTER, tmp_path / "b.sqlite",
+                           engine="graphs+compile-default+blocks-scope")
+    assert blocks.surfaces.prefer == "compile-default-blocks"
+    assert blocks.module_time_s(spec_, 8, 1.0) == pytest.approx(whole.module_time_s(spec_, 8, 1.0))
+    graph = MMGraph(name="toy", modules=(spec_,), edges=(), global_batch=8)
+    plan = Plan(model="toy", planner="hand", num_gpus=1,
+                stages=(Stage(placements=(Placement(module=spec_.name, gpus=(0,)),)),))
+    assert (f"{spec_.name}: no compile-default-blocks surface; the compile-default one stands in"
+            in blocks.coverage_notes(plan, graph))

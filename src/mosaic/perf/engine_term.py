@@ -29,7 +29,7 @@ from scipy.optimize import least_squares
 from mosaic.errors import MosaicError
 from mosaic.graph import MMGraph
 from mosaic.plan import Plan, PlanError
-from mosaic.profile.db import FitRecord, ProfileDB
+from mosaic.profile.db import BLOCKS_SUFFIX, FitRecord, ProfileDB
 
 FIT_PREFIX = "engine_term."
 FEATURES = ("const", "stages", "busiest_modules", "params", "synced_params", "micro_steps",
@@ -177,10 +177,11 @@ def row_engine(report: dict[str, Any], row: dict[str, Any]) -> dict[str, Any] | 
 
 def kernels_of_engine(engine: str | None) -> str:
     """The profile kernels (ProfileDB `kernels`) an engine kind runs: `compile-<mode>` when it
-    compiles, else eager."""
-    for part in (engine or "eager").split("+"):
+    compiles (with `-blocks` when it compiles layer by layer), else eager."""
+    parts = (engine or "eager").split("+")
+    for part in parts:
         if part.startswith("compile-"):
-            return part
+            return part + (BLOCKS_SUFFIX if "blocks-scope" in parts else "")
     return "eager"
 
 

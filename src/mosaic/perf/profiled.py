@@ -43,6 +43,7 @@ from mosaic.perf.interference import (
 )
 from mosaic.plan import Plan
 from mosaic.profile.db import (
+    BLOCKS_SUFFIX,
     COMM_KINDS,
     P2P_KINDS,
     ColocPoint,
@@ -225,14 +226,14 @@ class SurfaceSet:
         return cls(cluster, specs, points, _sensitivities(db),
                    kernels={r.signature: r.kernels for r in records}, prefer=prefer)
 
-    def _kernels_of(self, sig: str) -> str:
+    def kernels_of(self, sig: str | None) -> str:
         return self.kernels.get(sig, "eager")
 
     def _calibrate(self) -> float:
         """exp(mean log(measured / analytic)) over the measured points with a known spec, of
         the preferred kernels where there are any."""
         sigs = [sig for sig in self.points if sig in self.specs]
-        preferred = [sig for sig in sigs if self._kernels_of(sig) == self.prefer]
+        preferred = [sig for sig in sigs if self.kernels_of(sig) == self.prefer]
         logs = [np.log(p.time_s / self._analytic_s(self.specs[sig], p.per_gpu_batch, p.num_sms))
                 for sig in (preferred or sigs) for p in self.points[sig]]
         return float(np.exp(np.mean(logs))) if logs else 1.0
@@ -241,14 +242,17 @@ class SurfaceSet:
         return self.analytic.module_time_s(spec, b, k / self.gpu.num_sms)
 
     def signature_of(self, spec: ModuleSpec) -> str | None:
-        """The preferred kernels' surface, else the eager one; each by exact cost-fact match,
-        else a module of the same shape within 2% (other torch)."""
+        """The preferred kernels' surface, else the same mode compiled whole (for layer-by-
+        layer kernels), else the eager one; each by exact cost-fact match, else a module of
+        the same shape within 2% (other torch)."""
         if spec not in self._match:
+            fallbacks = dict.fromkeys((self.prefer.removesuffix(BLOCKS_SUFFIX), "eager"))
             sig = self._match_kernels(spec, self.prefer)
-            if sig is None and self.prefer != "eager":
-                sig = self._match_kernels(spec, "eager")
-                if sig is not None:
-                    self.fallbacks.add(spec.name)
+            for kernels in fallbacks:
+                if sig is None and kernels != self.prefer:
+                    sig = self._match_kernels(spec, kernels)
+                    if sig is not None:
+                        self.fallbacks.add(spec.name)
             self._match[spec] = sig
         return self._match[spec]
 
@@ -257,7 +261,7 @@ class SurfaceSet:
         if sig in self.surfaces:
             return sig
         return next((s for s, other in self.specs.items() if s in self.surfaces
-                     and self._kernels_of(s) == kernels and _close(spec, other)), None)
+                     and self.kernels_of(s) == kernels and _close(spec, other)), None)
 
     def batch_range(self, spec: ModuleSpec) -> tuple[int, int] | None:
         """(smallest, largest) per-GPU batch measured for this module (None: not profiled)."""
@@ -317,7 +321,7 @@ class SurfaceSet:
 
     def colocation_kernels(self, point: ColocPoint) -> str | None:
         """The kernels every member of a measured colocation ran (None: a mix)."""
-        kinds = {self._kernels_of(w.signature) for w in point.works}
+        kinds = {self.kernels_of(w.signature) for w in point.works}
         return kinds.pop() if len(kinds) == 1 else None
 
     def interference_pool(self, colocs: Sequence[ColocPoint]) -> tuple[str, list[ColocPoint]]:
@@ -417,7 +421,8 @@ class ProfiledModel(PerfModel):
                     notes.append(f"{p.module}: per-GPU batch {batch} is outside the measured "
                                  f"{measured[0]}..{measured[1]}; its time is extrapolated")
                 if spec.name in self.surfaces.fallbacks:
-                    notes.append(f"{p.module}: no {self.surfaces.prefer} surface; the eager "
+                    used = self.surfaces.kernels_of(self.surfaces.signature_of(spec))
+                    notes.append(f"{p.module}: no {self.surfaces.prefer} surface; the {used} "
                                  "one stands in")
         return notes
 

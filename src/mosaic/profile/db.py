@@ -45,7 +45,28 @@ from mosaic.graph import ModuleSpec
 SCHEMA_VERSION = 2
 READABLE_VERSIONS = ("1", "2")
 """Version 1 lacks modules.kernels (every module eager); opening it for writing migrates it."""
-KERNELS = ("eager", "compile-default", "compile-max-autotune-no-cudagraphs")
+KERNELS = ("eager", "compile-default", "compile-max-autotune-no-cudagraphs",
+           "compile-default-blocks", "compile-max-autotune-no-cudagraphs-blocks")
+"""How a profiled module ran: eagerly, or behind Inductor in one mode, compiled whole or (with
+`-blocks`) layer by layer (engine/compile.py's compile scope)."""
+BLOCKS_SUFFIX = "-blocks"
+
+
+def kernels_label(mode: str | None, scope: str = "module") -> str:
+    """The KERNELS name of a module compiled in `mode` (None: eager) and `scope`."""
+    if mode is None:
+        return "eager"
+    return f"compile-{mode}" + (BLOCKS_SUFFIX if scope == "blocks" else "")
+
+
+def compile_of_kernels(kernels: str) -> tuple[str | None, str]:
+    """(Inductor mode or None, compile scope) of a KERNELS name; kernels_label's inverse."""
+    if kernels == "eager":
+        return None, "module"
+    mode = kernels.removeprefix("compile-")
+    if mode.endswith(BLOCKS_SUFFIX):
+        return mode.removesuffix(BLOCKS_SUFFIX), "blocks"
+    return mode, "module"
 TOPOLOGY_KEY = "comm_topology"
 DATA_DIR = Path(__file__).parent / "data"
 FIX = "re-run `python benchmarks/profile_h200.py --db PATH` on the GPU (or pass another --db)"

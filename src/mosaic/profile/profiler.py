@@ -38,6 +38,7 @@ from mosaic.profile.db import (
     ModulePoint,
     ProfileDB,
     SignaturePoint,
+    compile_of_kernels,
 )
 from mosaic.profile.graph_timing import (
     Antagonist,
@@ -147,7 +148,8 @@ class ModelProfiler:
         # Static shapes, as the engine compiles: one graph per batch of the grid, so the
         # per-function recompile limit (8 by default) must cover the whole grid.
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
-        compiled, self.compile_report = compile_modules(modules, cfg.kernels.removeprefix("compile-"))
+        mode, scope = compile_of_kernels(cfg.kernels)
+        compiled, self.compile_report = compile_modules(modules, mode, scope=scope)
         return compiled
 
     # inputs and benches -----------------------------------------------------------------------
