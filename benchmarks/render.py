@@ -288,7 +288,7 @@ def bench_table(dir_or_files: str | Path | Iterable[str | Path], results: Path =
               *[f"{p}, ms" for p in planners],
               "mosaic vs best baseline", "mosaic vs torch-compile",
               f"mosaic MFU (of {PEAK_TFLOPS:.0f} TF/s)",
-              "mosaic prediction error (worst plan)"]
+              "mosaic prediction error as recorded (worst plan)"]
     if "torch-compile" not in seen:  # a column of dashes says nothing
         drop = header.index("mosaic vs torch-compile")
         header, rows = header[:drop] + header[drop + 1:], [r[:drop] + r[drop + 1:] for r in rows]
