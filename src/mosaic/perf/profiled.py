@@ -246,13 +246,14 @@ class SurfaceSet:
         layer kernels), else the eager one; each by exact cost-fact match, else a module of
         the same shape within 2% (other torch)."""
         if spec not in self._match:
-            fallbacks = dict.fromkeys((self.prefer.removesuffix(BLOCKS_SUFFIX), "eager"))
-            sig = self._match_kernels(spec, self.prefer)
-            for kernels in fallbacks:
-                if sig is None and kernels != self.prefer:
-                    sig = self._match_kernels(spec, kernels)
-                    if sig is not None:
+            sig = None
+            for kernels in dict.fromkeys((self.prefer, self.prefer.removesuffix(BLOCKS_SUFFIX),
+                                          "eager")):
+                sig = self._match_kernels(spec, kernels)
+                if sig is not None:
+                    if kernels != self.prefer:
                         self.fallbacks.add(spec.name)
+                    break
             self._match[spec] = sig
         return self._match[spec]
 
