@@ -23,7 +23,7 @@ import numpy as np
 from mosaic.hardware import ClusterSpec, make_cluster
 from mosaic.perf.base import Work
 from mosaic.perf.interference import VARIANTS, CoSample, fit_interference, group_time_s
-from mosaic.perf.profiled import SurfaceSet, fit_surface
+from mosaic.perf.profiled import SurfaceSet, colocation_kernels, fit_surface
 from mosaic.perf.results import bench_result_files, load_bench_result
 from mosaic.profile.db import ColocPoint, ModulePoint, ProfileDB
 
@@ -145,8 +145,7 @@ def kernels_with_colocations(db: ProfileDB | str | Path) -> list[str]:
     db = ProfileDB.open(db) if owned else db
     try:
         kernels = {r.signature: r.kernels for r in db.modules()}
-        kinds = {next(iter(k)) for c in db.colocations()
-                 if len(k := {kernels.get(w.signature, "eager") for w in c.works}) == 1}
+        kinds = {colocation_kernels(c, kernels) for c in db.colocations()} - {None}
     finally:
         if owned:
             db.close()

@@ -322,8 +322,7 @@ class SurfaceSet:
 
     def colocation_kernels(self, point: ColocPoint) -> str | None:
         """The kernels every member of a measured colocation ran (None: a mix)."""
-        kinds = {self.kernels_of(w.signature) for w in point.works}
-        return kinds.pop() if len(kinds) == 1 else None
+        return colocation_kernels(point, self.kernels)
 
     def interference_pool(self, colocs: Sequence[ColocPoint]) -> tuple[str, list[ColocPoint]]:
         """The colocations an interference fit for the preferred kernels uses, and their
@@ -338,6 +337,13 @@ class SurfaceSet:
         if by_kernels.get("eager"):
             return "eager", by_kernels["eager"]
         return "mixed", list(colocs)
+
+
+def colocation_kernels(point: ColocPoint, kernels: Mapping[str, str]) -> str | None:
+    """The kernels (`kernels`: by signature; absent: eager) every member of a measured
+    colocation ran, or None for a mix."""
+    kinds = {kernels.get(w.signature, "eager") for w in point.works}
+    return kinds.pop() if len(kinds) == 1 else None
 
 
 def _close(a: ModuleSpec, b: ModuleSpec) -> bool:
