@@ -243,3 +243,20 @@ def test_an_unknown_model_fails_before_the_heavy_imports(tmp_path):
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             cwd=tmp_path, timeout=120)
     assert result.stdout.strip() == "2 []", result.stdout + result.stderr
+
+
+def test_a_profile_of_ones_own_gpus_is_used_for_planning(cli, tmp_path):
+    """`mosaic profile --db PATH` then `mosaic plan --profile-db PATH`: the plan's prediction
+    comes from that DB (its name is in the footer); a missing one is refused in one line."""
+    import shutil
+
+    from mosaic.profile.db import default_db_path
+
+    shutil.copy(default_db_path("h200"), tmp_path / "mine.sqlite")
+    run = cli("plan", "clip", "--gpus", "2", "--preset", "small", "--profile-db", "mine.sqlite",
+              "--json", "--out", "p")
+    assert run.code == 0, run.err
+    assert "profiled (mine.sqlite:" in json.loads(run.out)["perf_model"]
+    refused(cli("plan", "clip", "--profile-db", "missing.sqlite"), "missing.sqlite", "does not exist")
+    refused(cli("plan", "clip", "--profile-db", "mine.sqlite", "--perf-model", "analytic"),
+            "--profile-db", "--perf-model analytic")

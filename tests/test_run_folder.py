@@ -100,3 +100,13 @@ def test_train_with_config_writes_the_run_folder(tmp_path):
     assert "predicted" in cats and "measured fwd" in cats
     again = mosaic("train", "--config", str(job), "--out", str(out))
     assert again.returncode == 2 and "--overwrite" in again.stderr
+
+
+def test_every_job_field_is_an_option_of_mosaic_train():
+    import typer
+
+    from mosaic.cli import app
+    from mosaic.job_config import FIELDS
+
+    train = typer.main.get_command(app).commands["train"]
+    assert {param for param, _ in FIELDS.values()} <= {p.name for p in train.params}

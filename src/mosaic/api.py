@@ -15,6 +15,7 @@ A user's own modules (docs/own-model.md, examples/clip_imu.py):
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mosaic.graph import MMGraph
@@ -27,27 +28,31 @@ if TYPE_CHECKING:
     from mosaic.engine.checkpoint import CheckpointConfig
     from mosaic.engine.session import EngineConfig
     from mosaic.engine.trainer import TrainResult
+    from mosaic.perf.base import PerfModel
     from mosaic.user_model import DataSource
 
 __all__ = ["graph_from_modules", "plan", "plan_on_rank0", "train"]
 
 
 def plan(graph: MMGraph, gpus: int = 1, hardware: str = "h200", planner: str = "mosaic",
-         perf_model: str = "auto") -> Plan:
-    """A validated, predicted plan of `graph` on `gpus` GPUs of kind `hardware`."""
+         perf_model: str | PerfModel = "auto", profile_db: str | Path | None = None) -> Plan:
+    """A validated, predicted plan of `graph` on `gpus` GPUs of kind `hardware`; `perf_model`:
+    a name or a model; `profile_db`: a ProfileDB of your own GPUs (`mosaic profile --db`) for
+    the profiled model instead of the one shipped."""
     from mosaic.planners import make_plan
 
-    return make_plan(graph, make_cluster(gpus, hardware), planner, perf_model)
+    return make_plan(graph, make_cluster(gpus, hardware), planner, perf_model, profile_db)
 
 
 def plan_on_rank0(graph: MMGraph, gpus: int, device: Any, *, hardware: str = "h200",
-                  planner: str = "mosaic", perf_model: str = "auto") -> Plan:
+                  planner: str = "mosaic", perf_model: str | PerfModel = "auto",
+                  profile_db: str | Path | None = None) -> Plan:
     """`plan` on rank 0, the same plan on every rank of the running world (a planner with a
     time limit need not be deterministic); rank 0's error is raised on every rank."""
     from mosaic.engine.comm import share_from_rank0
 
     return Plan.from_dict(share_from_rank0(
-        lambda: plan(graph, gpus, hardware, planner, perf_model).to_dict(), device))
+        lambda: plan(graph, gpus, hardware, planner, perf_model, profile_db).to_dict(), device))
 
 
 def graph_from_modules(name: str, modules: Mapping[str, nn.Module],

@@ -223,14 +223,15 @@ def load_plans(directory: Path, names: list[str], graph, cluster) -> dict:
     return plans
 
 
-def load_perf_model(name: str, cluster, preset: str = "small"):
-    """`auto`: the measured profile shipped for this hardware when there is one, else analytic."""
+def load_perf_model(name: str, cluster, preset: str = "small", db: Path | None = None, **kwargs):
+    """`auto`: the measured profile (`db`, else the one shipped for this hardware when there
+    is one), else analytic."""
     from mosaic.perf import make_perf_model
-    from mosaic.profile.db import has_shipped_db
 
-    if name == "auto":
-        name = "profiled" if has_shipped_db(cluster.gpu.name) else "analytic"
-    return make_perf_model(name, cluster, preset=preset)
+    if db is not None and name == "analytic":
+        raise OptionError("--profile-db is read by the profiled model; drop --perf-model "
+                          "analytic (or --profile-db)")
+    return make_perf_model(name, cluster, preset=preset, db=db, **kwargs)
 
 
 @app.command()
@@ -259,6 +260,9 @@ def plan(
                                           callback=_check_planners)] = DEFAULT_PLANNERS,
     perf_model: Annotated[PerfModelName, typer.Option("--perf-model", help="auto: profiled where a "
                                                       "profile is shipped")] = PerfModelName.auto,
+    profile_db: Annotated[Path | None, typer.Option(
+        "--profile-db", help="ProfileDB to predict from (`mosaic profile --db`; default: the one "
+        "shipped for --hardware)")] = None,
     out: Annotated[Path | None, typer.Option(help="directory for plan JSON and timeline PNGs",
                                              callback=_out_dir)] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
@@ -271,7 +275,7 @@ def plan(
     graph = load_graph(model, str(preset), batch)
     _check_gpus_useful(gpus, graph)
     out = check_out_dir(out or Path("runs") / f"plan-{graph.name}-{gpus}")
-    perf = load_perf_model(str(perf_model), cluster, str(preset))
+    perf = load_perf_model(str(perf_model), cluster, str(preset), profile_db)
     plans = plan_all(graph, cluster, perf, _planner_names(planners))
     _emit_plans(plans, graph, perf, out, str(hardware), as_json)
 
@@ -319,6 +323,9 @@ def simulate(
                                               "planned here: the preset's per node x nodes)")] = None,
     perf_model: Annotated[PerfModelName, typer.Option("--perf-model", help="auto: profiled where a "
                                                       "profile is shipped")] = PerfModelName.auto,
+    profile_db: Annotated[Path | None, typer.Option(
+        "--profile-db", help="ProfileDB to predict from (`mosaic profile --db`; default: the one "
+        "shipped for --hardware)")] = None,
     overlap: Annotated[bool, typer.Option(help="start each group's all-reduce when its own GPUs are "
                                           "done (the model waits for the stage)")] = False,
     out: Annotated[Path | None, typer.Option(help="directory for the plan, trace and summary",
@@ -341,7 +348,7 @@ def simulate(
     if plan_obj is None:
         _check_gpus_useful(num_gpus, graph)
     out = check_out_dir(out or Path("runs") / f"simulate-{graph.name}-{num_gpus}")
-    perf = load_perf_model(str(perf_model), cluster, str(preset))
+    perf = load_perf_model(str(perf_model), cluster, str(preset), profile_db)
     if plan_obj is None:
         from mosaic.planners import make_plan
 
@@ -408,6 +415,9 @@ def train(
                                                    case_sensitive=False)] = HardwareName.h200,
     perf_model: Annotated[PerfModelName, typer.Option("--perf-model", help="auto: profiled where a "
                                                       "profile is shipped")] = PerfModelName.auto,
+    profile_db: Annotated[Path | None, typer.Option(
+        "--profile-db", help="ProfileDB to predict from (`mosaic profile --db`; default: the one "
+        "shipped for --hardware)")] = None,
     compile_mode: Annotated[str | None, typer.Option("--compile", help="Inductor per module: default | max-autotune-no-cudagraphs (GPU)")] = None,
     compile_scope: Annotated[str, typer.Option(help="module: one torch.compile per module | blocks: one per repeated layer (compile time independent of depth)")] = "module",
     grad_sync: Annotated[str, typer.Option(help="flat | ddp | bucketed: one flat gradient buffer per module and one all-reduce (fastest measured), DDP per module, or the old bucketed all-reduce")] = "flat",
@@ -464,6 +474,7 @@ def train(
     from mosaic.engine.checkpoint import CheckpointConfig
     from mosaic.engine.session import EngineConfig, end_distributed, start_distributed
     from mosaic.engine.trainer import train_from_cli
+    from mosaic.hardware import make_cluster
     from mosaic.zoo import get_model
 
     check_dataset(get_model(model), str(data), str(preset))  # before planning and set-up
@@ -478,15 +489,14 @@ def train(
                               accumulation=accumulation,
                               timeline=out is not None)
         if plan_file is None and autotune:  # every rank measures: measure_plans is collective
-            from mosaic.hardware import make_cluster
-
             cluster = make_cluster(gpus or d.world_size, hardware)
-            perf = load_perf_model(str(perf_model), cluster, str(preset))
+            perf = load_perf_model(str(perf_model), cluster, str(preset), profile_db)
             plan_obj = _autotune(get_model(model), str(preset), graph, cluster, perf, autotune,
                                  engine, cpu=d.device.type == "cpu").plan
         elif plan_file is None:
             plan_obj = plan_on_rank0(graph, gpus or d.world_size, d.device, hardware=hardware,
-                                     planner=planner or "mosaic", perf_model=perf_model)
+                                     planner=planner or "mosaic", perf_model=str(perf_model),
+                                     profile_db=profile_db)
         ckpt = (CheckpointConfig(directory=str(checkpoint_dir), every_steps=checkpoint_every)
                 if checkpoint_dir else None)
         result = train_from_cli(model, preset, str(plan_file) if plan_file else None, gpus, steps,
@@ -503,7 +513,7 @@ def train(
     summary = result.summary
     if out is not None:
         _write_run_folder(out, resolved, result, model, str(preset), batch, hardware,
-                          str(perf_model))
+                          str(perf_model), profile_db)
     typer.echo(
         f"{summary['model']} ({summary['preset']}) plan={summary['planner']} "
         f"gpus={summary['num_gpus']}: loss {summary['first_loss']:.4f} -> {summary['final_loss']:.4f}, "
@@ -554,14 +564,16 @@ def _with_job(ctx, config: Path | None, overrides: list[str]) -> dict:
 
 
 def _write_run_folder(out: Path, resolved: dict, result, model: str, preset: str,
-                      batch: int | None, hardware, perf_model: str) -> None:
+                      batch: int | None, hardware, perf_model: str,
+                      profile_db: Path | None = None) -> None:
     """The run folder on rank 0 (mosaic.report.run_folder), the prediction beside the run."""
     from mosaic.hardware import make_cluster
     from mosaic.report.run_folder import write_run_folder
     from mosaic.zoo import get_model
 
     graph = get_model(model).graph(preset, global_batch=batch)
-    perf = load_perf_model(perf_model, make_cluster(result.plan.num_gpus, str(hardware)), preset)
+    perf = load_perf_model(perf_model, make_cluster(result.plan.num_gpus, str(hardware)), preset,
+                           profile_db)
     write_run_folder(out, config={**resolved, "plan": result.plan.to_dict()}, result=result,
                      graph=graph, perf=perf)
 
@@ -582,6 +594,9 @@ def bench(
                                           callback=_check_planners)] = DEFAULT_PLANNERS,
     perf_model: Annotated[PerfModelName, typer.Option("--perf-model", help="auto: profiled where a "
                                                       "profile is shipped")] = PerfModelName.auto,
+    profile_db: Annotated[Path | None, typer.Option(
+        "--profile-db", help="ProfileDB to predict from (`mosaic profile --db`; default: the one "
+        "shipped for --hardware)")] = None,
     hardware: Annotated[HardwareName, typer.Option(help="GPU kind", case_sensitive=False)] = HardwareName.h200,
     rounds: Annotated[int, typer.Option(help="interleaved rounds")] = 6,
     steps_per_round: Annotated[int, typer.Option(help="timed steps per plan per round")] = 5,
@@ -632,7 +647,6 @@ def bench(
     )
     from mosaic.engine.session import EngineConfig, end_distributed, start_distributed
     from mosaic.hardware import make_cluster
-    from mosaic.perf import make_perf_model
     from mosaic.perf.engine_term import engine_kind
     from mosaic.plan import Plan
     from mosaic.planners import plan_all
@@ -656,7 +670,7 @@ def bench(
                                              accumulation=accumulation),
                          user_programs=users, user_rounds=user_rounds)
     # Predicted for the engine that will run the plans (its kernels' surfaces, its term).
-    perf = make_perf_model(perf_model, cluster, preset=preset,
+    perf = load_perf_model(str(perf_model), cluster, str(preset), profile_db,
                            engine=engine_kind(dataclasses.asdict(config.engine), gpus))
 
     variants = [parse_variant(v) for v in engine_variants or []]
@@ -670,7 +684,7 @@ def bench(
             plans = {k: perf.predict(p, graph)
                      for k, p in load_plans(plans_dir, names, graph, cluster).items()}
         plans |= _variant_plans(plans, variants, config.engine, str(perf_model), cluster,
-                                str(preset), graph)
+                                str(preset), graph, profile_db)
         return {k: p.to_dict() for k, p in plans.items()}
 
     d = start_distributed(None)
@@ -719,17 +733,16 @@ def _log_progress() -> None:
 
 
 def _variant_plans(plans: dict, variants: list[dict], base, perf_model: str, cluster,
-                   preset: str, graph) -> dict:
+                   preset: str, graph, profile_db: Path | None = None) -> dict:
     """For each `--engine-variant`, every data-parallel plan again under its label
     PLAN@SETTINGS, predicted for the engine kind it will run on."""
     from mosaic.engine.measure import engine_variant, variant_applies, variant_label
-    from mosaic.perf import make_perf_model
     from mosaic.perf.engine_term import engine_kind
 
     added = {}
     for settings in variants:
         engine = engine_variant(base, settings)
-        model = make_perf_model(perf_model, cluster, preset=preset,
+        model = load_perf_model(perf_model, cluster, preset, profile_db,
                                 engine=engine_kind(dataclasses.asdict(engine), cluster.num_gpus))
         added |= {variant_label(k, settings): model.predict(p, graph)
                   for k, p in plans.items() if variant_applies(p, settings)}

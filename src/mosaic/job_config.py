@@ -5,7 +5,7 @@ A TOML file (tomllib; `.yaml` / `.yml` through pyyaml) of sections mapping onto 
 
     model = "clip"
     [train]   steps, lr, seed, batch, preset, data
-    [plan]    planner, gpus, file, hardware, perf_model
+    [plan]    planner, gpus, file, hardware, perf_model, profile_db
     [engine]  graphs, compile, compile_scope, grad_sync, reduce_dtype, grads_in_graph,
               accumulation
     [checkpoint] dir, every, resume
@@ -41,6 +41,7 @@ FIELDS: dict[str, tuple[str, type]] = {
     "train.batch": ("batch", int), "train.preset": ("preset", str), "train.data": ("data", str),
     "plan.planner": ("planner", str), "plan.gpus": ("gpus", int), "plan.file": ("plan_file", Path),
     "plan.hardware": ("hardware", str), "plan.perf_model": ("perf_model", str),
+    "plan.profile_db": ("profile_db", Path),
     "engine.graphs": ("graphs", bool), "engine.compile": ("compile_mode", str),
     "engine.compile_scope": ("compile_scope", str),
     "engine.grad_sync": ("grad_sync", str), "engine.reduce_dtype": ("reduce_dtype", str),

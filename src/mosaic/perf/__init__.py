@@ -15,7 +15,8 @@ def make_perf_model(name: str, cluster, **kwargs) -> PerfModel:
     if name == "auto":
         from mosaic.profile.db import has_shipped_db
 
-        name = "profiled" if has_shipped_db(cluster.gpu.name) else "analytic"
+        given = kwargs.get("db") is not None
+        name = "profiled" if given or has_shipped_db(cluster.gpu.name) else "analytic"
     if name == "analytic":
         return AnalyticModel(cluster)
     if name == "profiled":  # lazy: scipy and the DB are only needed when asked for

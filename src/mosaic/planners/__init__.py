@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 from mosaic.graph import MMGraph
 from mosaic.hardware import ClusterSpec
@@ -61,11 +62,12 @@ def plan_all(graph: MMGraph, cluster: ClusterSpec, perf: PerfModel,
 
 
 def make_plan(graph: MMGraph, cluster: ClusterSpec, planner: str = "mosaic",
-              perf_model: str | PerfModel = "auto") -> Plan:
+              perf_model: str | PerfModel = "auto", profile_db: str | Path | None = None) -> Plan:
     """THE way a plan is made, for `mosaic plan`, `bench` and `train` alike: the named planner
-    with the named performance model (`auto`: the shipped measured profile where one exists)."""
+    with the named performance model (`auto`: the measured profile, `profile_db` or the one
+    shipped, where one exists)."""
     from mosaic.perf import make_perf_model
 
     perf = perf_model if isinstance(perf_model, PerfModel) else make_perf_model(
-        perf_model, cluster, preset=graph.preset)
+        perf_model, cluster, preset=graph.preset, db=profile_db)
     return get_planner(planner)(graph, cluster, perf)
