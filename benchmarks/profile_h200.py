@@ -29,9 +29,12 @@ from rich.console import Console
 from rich.table import Table
 
 from mosaic.hardware import make_cluster
-from mosaic.perf.accuracy import kernels_with_colocations, model_error, print_model_error
-from mosaic.perf.interference import VARIANTS, fit_interference
-from mosaic.perf.profiled import SurfaceSet, interference_fit_name
+from mosaic.perf.accuracy import (
+    kernels_with_colocations,
+    model_error,
+    print_model_error,
+    store_interference_fits,
+)
 from mosaic.profile.db import FitRecord, ProfileDB
 from mosaic.profile.profiler import ModelReport, ProfilerConfig, profile_models
 
@@ -71,23 +74,15 @@ def summary_table(reports: list[ModelReport], wall_s: float) -> Table:
 
 
 def store_fits(db_path: Path, result: dict, hardware: str) -> None:
-    """Coefficients fitted on all colocations of `result`'s kernels, beside their held-out
-    error (fits named by profiled.interference_fit_name)."""
-    now = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+    """Interference coefficients of `result`'s kernels beside their held-out error; for eager
+    kernels also the analytic calibration."""
     kernels = result.get("kernels", "eager")
+    store_interference_fits(db_path, hardware, kernels, held_out=result)
+    if kernels != "eager":
+        return
+    now = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+    single = result["rows"]["profiled-aware"]
     with ProfileDB.open(db_path, readonly=False) as db:
-        surfaces = SurfaceSet.from_db(db, make_cluster(1, hardware), prefer=kernels)
-        colocs = [c for c in db.colocations() if surfaces.colocation_kernels(c) == kernels]
-        samples = [s for s in map(surfaces.sample, colocs) if s is not None]
-        for variant in VARIANTS:
-            row = result["rows"][f"profiled-{variant}"]
-            params = asdict(fit_interference(samples, variant))
-            db.add_fit(FitRecord(name=interference_fit_name(variant, kernels), params=params,
-                                 mape=row["coloc_mape"], n_points=row["n_points"]["coloc"],
-                                 created=now))
-        if kernels != "eager":
-            return
-        single = result["rows"]["profiled-aware"]
         db.add_fit(FitRecord(name="model_error.single", params={"calibration": result["calibration"]},
                              mape=single["single_mape"], n_points=single["n_points"]["single"],
                              created=now))

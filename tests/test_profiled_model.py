@@ -298,3 +298,18 @@ def test_a_layer_by_layer_engine_falls_back_to_the_whole_module_compiled_surface
                 stages=(Stage(placements=(Placement(module=spec_.name, gpus=(0,)),)),))
     assert (f"{spec_.name}: no compile-default-blocks surface; the compile-default one stands in"
             in blocks.coverage_notes(plan, graph))
+
+
+def test_stored_compiled_interference_fits_are_read_instead_of_refitted(tmp_path):
+    """What `mosaic profile` does after measuring colocations: fit and store, so a model built
+    later reads the coefficients rather than fitting on every load."""
+    from dataclasses import replace
+
+    from mosaic.perf.accuracy import store_interference_fits
+
+    path = tmp_path / "db.sqlite"
+    _two_kernel_db(path, np.random.default_rng(2), 12, replace(TRUTH, alpha=3 * TRUTH.alpha))
+    assert store_interference_fits(path, "h200", "compile-default") == 12
+    model = ProfiledModel(CLUSTER, path, engine="graphs+compile-default")
+    assert (model.params_source, model.interference_kernels) == ("stored fit", "compile-default")
+    assert model.params.fitted_on == 12

@@ -819,6 +819,12 @@ def profile(
     for r in reports:
         typer.echo(f"{r.model}: {r.points} of {r.full_grid} grid points, {r.colocations} "
                    f"colocations, {r.wall_s:.1f} s{'; ' + '; '.join(r.notes) if r.notes else ''}")
+    if any(r.colocations for r in reports):  # else a model would refit on every load
+        from mosaic.perf.accuracy import store_interference_fits
+
+        used = store_interference_fits(db, str(hardware), str(kernels))
+        typer.echo(f"interference fitted on {used} {kernels} colocations (held-out error: "
+                   f"mosaic model-error --kernels {kernels} --db {db})")
     typer.echo(f"wrote {db}")
 
 

@@ -14,7 +14,9 @@
 
 from __future__ import annotations
 
+import datetime
 from collections.abc import Iterable, Sequence
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -23,9 +25,14 @@ import numpy as np
 from mosaic.hardware import ClusterSpec, make_cluster
 from mosaic.perf.base import Work
 from mosaic.perf.interference import VARIANTS, CoSample, fit_interference, group_time_s
-from mosaic.perf.profiled import SurfaceSet, colocation_kernels, fit_surface
+from mosaic.perf.profiled import (
+    SurfaceSet,
+    colocation_kernels,
+    fit_surface,
+    interference_fit_name,
+)
 from mosaic.perf.results import bench_result_files, load_bench_result
-from mosaic.profile.db import ColocPoint, ModulePoint, ProfileDB
+from mosaic.profile.db import ColocPoint, FitRecord, ModulePoint, ProfileDB
 
 
 def _ape(pred: float, meas: float) -> float:
@@ -137,6 +144,25 @@ def model_error(db: ProfileDB | str | Path, cluster: ClusterSpec | None = None, 
     if details:
         result["single_points"] = single
     return result
+
+
+def store_interference_fits(db_path: str | Path, hardware: str, kernels: str = "eager",
+                            held_out: dict[str, Any] | None = None) -> int:
+    """Fit every interference variant on all colocations measured with `kernels` and store
+    the coefficients in the DB (`fits`, named by profiled.interference_fit_name), beside their
+    held-out MAPE when `held_out` (a model_error result for those kernels) gives it, so a
+    model built later reads them instead of fitting on load. Returns the colocations used."""
+    now = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+    with ProfileDB.open(db_path, readonly=False) as db:
+        surfaces = SurfaceSet.from_db(db, make_cluster(1, hardware), prefer=kernels)
+        colocs = [c for c in db.colocations() if surfaces.colocation_kernels(c) == kernels]
+        samples = [s for s in map(surfaces.sample, colocs) if s is not None]
+        for variant in VARIANTS if samples else ():
+            row = (held_out or {}).get("rows", {}).get(f"profiled-{variant}", {})
+            db.add_fit(FitRecord(name=interference_fit_name(variant, kernels),
+                                 params=asdict(fit_interference(samples, variant)),
+                                 mape=row.get("coloc_mape"), n_points=len(samples), created=now))
+    return len(samples)
 
 
 def kernels_with_colocations(db: ProfileDB | str | Path) -> list[str]:
