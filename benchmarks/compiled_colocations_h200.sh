@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # PREPARED, NOT YET RUN. One H200, one device call (about 9 minutes), results under $1.
-# At 4x the preset batch the model predicted colocated plans 5-10% faster than the sequential
-# ones, and they measured 0-2% faster: its interference coefficients were fitted on eager
+# At 4x the preset batch the model predicted colocated plans 2-8% faster than the sequential
+# ones, and they measured between 0.7% slower and 1.5% faster: its interference coefficients were fitted on eager
 # colocations only. This measures colocations of the compiled modules (the engine's kernels),
 # which the profiled model fits its own interference on once there are 12 of them, then
 # re-plans ImageBind at batch 128 with them, with measured plan selection (--autotune 3) on:
