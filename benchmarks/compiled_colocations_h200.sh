@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # PREPARED, NOT YET RUN. One H200, one device call (about 9 minutes), results under $1.
 # At 4x the preset batch the model predicted colocated plans 2-8% faster than the sequential
-# ones, and they measured between 0.7% slower and 1.5% faster: its interference coefficients were fitted on eager
-# colocations only. This measures colocations of the compiled modules (the engine's kernels),
+# ones, and they measured between 0.7% slower and 1.5% faster: its interference coefficients
+# were fitted on eager colocations only. This measures colocations of the compiled modules
+# (the engine's kernels),
 # which the profiled model fits its own interference on once there are 12 of them, then
 # re-plans ImageBind at batch 128 with them, with measured plan selection (--autotune 3) on:
-#  1. bandwidth signatures and colocations of compiled CLIP, ImageBind and OFASys at `small`
-#     (their surfaces are kept: --update), into OUT/h200.sqlite;
+#  1. bandwidth signatures and colocations of compiled CLIP and ImageBind at `small` (their
+#     surfaces are kept: --update; about 40 colocations: pairs and the triple of ImageBind's
+#     encoders, four sharing modes, two batches), into OUT/h200.sqlite; `mosaic profile`
+#     stores the compiled interference fit it makes of them;
 #  2. the held-out colocation error of that fit (model_error_compile-default.json);
 #  3. ImageBind b128 planned with the new DB, autotune's start-up cost in its JSON.
 set -u
@@ -15,7 +18,7 @@ mkdir -p "$OUT" /tmp/logs
 export PYTHONPATH=src PYTHONUNBUFFERED=1
 DB=src/mosaic/profile/data/h200.sqlite
 cp "$DB" "$OUT/h200.sqlite"
-timeout 300 python -m mosaic profile clip imagebind ofasys --preset small \
+timeout 300 python -m mosaic profile clip imagebind --preset small \
   --kernels compile-default --update --budget 280 --db "$OUT/h200.sqlite" \
   > /tmp/logs/profile_colocations.log 2>&1
 echo "profile rc=$?"; grep -E "^\[|colocations" /tmp/logs/profile_colocations.log | tail -n 8
