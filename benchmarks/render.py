@@ -242,10 +242,16 @@ def _result_files(results: Path, dir_or_files: str | Path | Iterable[str | Path]
     return [path for _, path in bench_result_files([results / p for p in dir_or_files])]
 
 
+def _ratio(reference: dict[str, Any] | None, row: dict[str, Any] | None) -> float | None:
+    """How many times faster `row` ran than `reference`."""
+    if reference is None or row is None:
+        return None
+    return reference["measured_iteration_s"] / row["measured_iteration_s"]
+
+
 def _speedup(base: dict[str, Any] | None, row: dict[str, Any] | None) -> str:
-    if base is None or row is None:
-        return "–"
-    return f"{base['measured_iteration_s'] / row['measured_iteration_s']:.3f}x"
+    ratio = _ratio(base, row)
+    return "–" if ratio is None else f"{ratio:.3f}x"
 
 
 def _engine_text(report: dict[str, Any]) -> str:
@@ -364,13 +370,6 @@ def _latest_runs(results: Path) -> dict[tuple[str, str, int], tuple[Path, dict[s
 
 def _verdict(value: float | None, target: float) -> str:
     return "–" if value is None else f"{value:.3f}x {'✓' if value >= target else '✗'}"
-
-
-def _ratio(reference: dict[str, Any] | None, row: dict[str, Any] | None) -> float | None:
-    """How many times faster `row` ran than `reference`."""
-    if reference is None or row is None:
-        return None
-    return reference["measured_iteration_s"] / row["measured_iteration_s"]
 
 
 def _target_row(report: dict[str, Any], path: Path, results: Path, times: int) -> list[str]:

@@ -52,6 +52,12 @@ HardwareName = StrEnum("HardwareName", {name: name for name in GPUS})
 PerfModelName = StrEnum("PerfModelName", {name: name for name in PERF_MODELS})
 DataName = StrEnum("DataName", {name: name for name in DATASETS})
 KernelsName = StrEnum("KernelsName", {name: name for name in KERNELS})
+ProfileDbOption = Annotated[Path | None, typer.Option(
+    "--profile-db", help="ProfileDB to predict from (`mosaic profile --db`; default: the one "
+    "shipped for --hardware)")]
+CompileScopeOption = Annotated[str, typer.Option(
+    help="module: one torch.compile per module | blocks: one per repeated layer (compile time "
+    "independent of depth)")]
 
 
 def _check_resume(value: str | None) -> bool | str:
@@ -260,9 +266,7 @@ def plan(
                                           callback=_check_planners)] = DEFAULT_PLANNERS,
     perf_model: Annotated[PerfModelName, typer.Option("--perf-model", help="auto: profiled where a "
                                                       "profile is shipped")] = PerfModelName.auto,
-    profile_db: Annotated[Path | None, typer.Option(
-        "--profile-db", help="ProfileDB to predict from (`mosaic profile --db`; default: the one "
-        "shipped for --hardware)")] = None,
+    profile_db: ProfileDbOption = None,
     out: Annotated[Path | None, typer.Option(help="directory for plan JSON and timeline PNGs",
                                              callback=_out_dir)] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
@@ -323,9 +327,7 @@ def simulate(
                                               "planned here: the preset's per node x nodes)")] = None,
     perf_model: Annotated[PerfModelName, typer.Option("--perf-model", help="auto: profiled where a "
                                                       "profile is shipped")] = PerfModelName.auto,
-    profile_db: Annotated[Path | None, typer.Option(
-        "--profile-db", help="ProfileDB to predict from (`mosaic profile --db`; default: the one "
-        "shipped for --hardware)")] = None,
+    profile_db: ProfileDbOption = None,
     overlap: Annotated[bool, typer.Option(help="start each group's all-reduce when its own GPUs are "
                                           "done (the model waits for the stage)")] = False,
     out: Annotated[Path | None, typer.Option(help="directory for the plan, trace and summary",
@@ -415,11 +417,9 @@ def train(
                                                    case_sensitive=False)] = HardwareName.h200,
     perf_model: Annotated[PerfModelName, typer.Option("--perf-model", help="auto: profiled where a "
                                                       "profile is shipped")] = PerfModelName.auto,
-    profile_db: Annotated[Path | None, typer.Option(
-        "--profile-db", help="ProfileDB to predict from (`mosaic profile --db`; default: the one "
-        "shipped for --hardware)")] = None,
+    profile_db: ProfileDbOption = None,
     compile_mode: Annotated[str | None, typer.Option("--compile", help="Inductor per module: default | max-autotune-no-cudagraphs (GPU)")] = None,
-    compile_scope: Annotated[str, typer.Option(help="module: one torch.compile per module | blocks: one per repeated layer (compile time independent of depth)")] = "module",
+    compile_scope: CompileScopeOption = "module",
     grad_sync: Annotated[str, typer.Option(help="flat | ddp | bucketed: one flat gradient buffer per module and one all-reduce (fastest measured), DDP per module, or the old bucketed all-reduce")] = "flat",
     reduce_dtype: Annotated[str, typer.Option(help="gradient all-reduce precision: fp32 | bf16")] = "fp32",
     grads_in_graph: Annotated[bool, typer.Option(help="with graphs: each backward graph adds its "
@@ -594,16 +594,14 @@ def bench(
                                           callback=_check_planners)] = DEFAULT_PLANNERS,
     perf_model: Annotated[PerfModelName, typer.Option("--perf-model", help="auto: profiled where a "
                                                       "profile is shipped")] = PerfModelName.auto,
-    profile_db: Annotated[Path | None, typer.Option(
-        "--profile-db", help="ProfileDB to predict from (`mosaic profile --db`; default: the one "
-        "shipped for --hardware)")] = None,
+    profile_db: ProfileDbOption = None,
     hardware: Annotated[HardwareName, typer.Option(help="GPU kind", case_sensitive=False)] = HardwareName.h200,
     rounds: Annotated[int, typer.Option(help="interleaved rounds")] = 6,
     steps_per_round: Annotated[int, typer.Option(help="timed steps per plan per round")] = 5,
     warmup: Annotated[int, typer.Option(help="untimed steps per plan first")] = 5,
     graphs: Annotated[bool, typer.Option(help="per-module CUDA graphs")] = True,
     compile_mode: Annotated[str, typer.Option("--compile", help="Inductor per module before capture: auto (default on a GPU, none on CPU) | default | max-autotune-no-cudagraphs | none")] = "auto",
-    compile_scope: Annotated[str, typer.Option(help="module: one torch.compile per module | blocks: one per repeated layer (compile time independent of depth)")] = "module",
+    compile_scope: CompileScopeOption = "module",
     grad_sync: Annotated[str, typer.Option(help="flat | ddp | bucketed: one flat gradient buffer per module and one all-reduce (fastest measured), DDP per module, or the old bucketed all-reduce")] = "flat",
     reduce_dtype: Annotated[str, typer.Option(help="gradient all-reduce precision: fp32 | bf16")] = "fp32",
     grads_in_graph: Annotated[bool, typer.Option(help="with graphs: each backward graph adds its "
