@@ -123,7 +123,7 @@ def model_error(db: ProfileDB | str | Path, cluster: ClusterSpec | None = None, 
     try:
         cluster = cluster or make_cluster(1, db.hardware)
         surfaces = SurfaceSet.from_db(db, cluster, prefer=kernels)
-        colocs = [c for c in db.colocations() if surfaces.colocation_kernels(c) == kernels]
+        colocs = surfaces.colocations_of(db.colocations(), kernels)
         path = str(db.path)
     finally:
         if owned:
@@ -155,7 +155,7 @@ def store_interference_fits(db_path: str | Path, hardware: str, kernels: str = "
     now = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     with ProfileDB.open(db_path, readonly=False) as db:
         surfaces = SurfaceSet.from_db(db, make_cluster(1, hardware), prefer=kernels)
-        colocs = [c for c in db.colocations() if surfaces.colocation_kernels(c) == kernels]
+        colocs = surfaces.colocations_of(db.colocations(), kernels)
         samples = [s for s in map(surfaces.sample, colocs) if s is not None]
         for variant in VARIANTS if samples else ():
             row = (held_out or {}).get("rows", {}).get(f"profiled-{variant}", {})

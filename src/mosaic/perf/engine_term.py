@@ -29,7 +29,7 @@ from scipy.optimize import least_squares
 from mosaic.errors import MosaicError
 from mosaic.graph import MMGraph
 from mosaic.plan import Plan, PlanError
-from mosaic.profile.db import BLOCKS_SUFFIX, FitRecord, ProfileDB
+from mosaic.profile.db import FitRecord, ProfileDB, kernels_label
 
 FIT_PREFIX = "engine_term."
 FEATURES = ("const", "stages", "busiest_modules", "params", "synced_params", "micro_steps",
@@ -181,7 +181,8 @@ def kernels_of_engine(engine: str | None) -> str:
     parts = (engine or "eager").split("+")
     for part in parts:
         if part.startswith("compile-"):
-            return part + (BLOCKS_SUFFIX if "blocks-scope" in parts else "")
+            return kernels_label(part.removeprefix("compile-"),
+                                 "blocks" if "blocks-scope" in parts else "module")
     return "eager"
 
 

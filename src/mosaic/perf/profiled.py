@@ -324,6 +324,10 @@ class SurfaceSet:
         """The kernels every member of a measured colocation ran (None: a mix)."""
         return colocation_kernels(point, self.kernels)
 
+    def colocations_of(self, colocs: Sequence[ColocPoint], kernels: str) -> list[ColocPoint]:
+        """The colocations whose every member ran `kernels`."""
+        return [c for c in colocs if self.colocation_kernels(c) == kernels]
+
     def interference_pool(self, colocs: Sequence[ColocPoint]) -> tuple[str, list[ColocPoint]]:
         """The colocations an interference fit for the preferred kernels uses, and their
         kernels: the preferred kernels' own once there are MIN_KERNEL_COLOCATIONS (compiled
