@@ -254,3 +254,25 @@ def test_a_changed_config_misses_the_table():
                                                modules={**tiny.modules, "vision": vision})})
     assert fingerprint(changed, "tiny") != fingerprint(model, "tiny")
     assert shipped_costs(changed, "tiny") is None
+
+
+def test_audio_encoder_layers_see_no_mask_under_cuda_graph_capture(monkeypatch):
+    """transformers < 5.2x (the GPU image has 5.17) built an all-true attention mask whenever
+    it was "tracing", CUDA-graph capture included: a layer compiled alone then met a mask in
+    the capture that its warm-up had not, and Dynamo recompiled inside the capture. The zoo's
+    attention implementation never builds a mask for unpadded input, capturing or not."""
+    model = get_model("ofasys")
+    audio = model.build_modules("tiny", names=["audio"])["audio"]
+    (x,) = model.make_inputs("tiny", 2, torch.Generator().manual_seed(0))["audio"]
+    masks = []
+    layer = audio.backbone.layers[0] if hasattr(audio.backbone, "layers") else \
+        audio.backbone.encoder.layer[0]
+    layer.register_forward_pre_hook(lambda _m, args, kwargs: masks.append(
+        kwargs.get("attention_mask", args[1] if len(args) > 1 else None)), with_kwargs=True)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    eager = audio(x)
+    assert masks == [None]
+    assert audio.backbone.config._attn_implementation in ("mosaic_unpadded_sdpa", "sdpa")
+    reference = get_model("ofasys").build_modules("tiny", names=["audio"])["audio"]
+    reference.backbone.config._attn_implementation = "eager"
+    torch.testing.assert_close(eager, reference(x), rtol=1e-4, atol=1e-5)

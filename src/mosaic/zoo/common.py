@@ -105,6 +105,38 @@ class HFEncoder(ZooModule):
         return tokens_BND if self.merger is None else self.merger(tokens_BND)
 
 
+UNPADDED_SDPA = "mosaic_unpadded_sdpa"
+"""Attention implementation of the zoo's bidirectional transformers encoders (see below)."""
+
+
+def unpadded_sdpa() -> str:
+    """SDPA for an encoder fed without padding: the all-true bidirectional mask is never built.
+
+    transformers before 5.2x builds that mask whenever it "is tracing", which includes
+    torch.compile and CUDA-graph capture. So (1) a compiled encoder (ASTModel) runs SDPA with a
+    mask, which rules out the flash kernel, and (2) a layer compiled alone (compile scope
+    `blocks`) sees no mask in the warm-up and a mask in the capture: Dynamo recompiles inside
+    the capture, which CUDA refuses. Newer transformers skip the mask whenever there is no
+    padding, as this does; where the mask interfaces are missing, plain "sdpa"."""
+    try:
+        from transformers import AttentionInterface
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+        from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+    except ImportError:
+        return "sdpa"
+
+    def mask(*args, attention_mask=None, allow_is_bidirectional_skip=False, local_size=None,
+             **kwargs):
+        if attention_mask is None and allow_is_bidirectional_skip and local_size is None:
+            return None
+        return sdpa_mask(*args, attention_mask=attention_mask, local_size=local_size,
+                         allow_is_bidirectional_skip=allow_is_bidirectional_skip, **kwargs)
+
+    AttentionInterface.register(UNPADDED_SDPA, sdpa_attention_forward)
+    AttentionMaskInterface.register(UNPADDED_SDPA, mask)
+    return UNPADDED_SDPA
+
+
 class TokenEmbedding(ZooModule):
     """The LLM's input embedding as its own module: token ids [B, T] -> [B, T, D]."""
 

@@ -232,7 +232,7 @@ class AudioConfig(TransformerConfig):
     def build(self, in_shapes: Sequence[Shape]) -> ZooModule:
         import transformers
 
-        from mosaic.zoo.common import HFEncoder
+        from mosaic.zoo.common import HFEncoder, unpadded_sdpa
 
         hf = transformers.ASTConfig(
             hidden_size=self.hidden_dim,
@@ -246,7 +246,7 @@ class AudioConfig(TransformerConfig):
             num_mel_bins=self.num_mel_bins,
             hidden_dropout_prob=0.0,
             attention_probs_dropout_prob=0.0,
-            **_HF_COMMON,
+            attn_implementation=unpadded_sdpa(),
         )
         return HFEncoder(
             transformers.ASTModel(hf),
