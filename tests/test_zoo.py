@@ -256,23 +256,54 @@ def test_a_changed_config_misses_the_table():
     assert shipped_costs(changed, "tiny") is None
 
 
-def test_audio_encoder_layers_see_no_mask_under_cuda_graph_capture(monkeypatch):
-    """transformers < 5.2x (the GPU image has 5.17) built an all-true attention mask whenever
-    it was "tracing", CUDA-graph capture included: a layer compiled alone then met a mask in
-    the capture that its warm-up had not, and Dynamo recompiled inside the capture. The zoo's
-    attention implementation never builds a mask for unpadded input, capturing or not."""
-    model = get_model("ofasys")
-    audio = model.build_modules("tiny", names=["audio"])["audio"]
-    (x,) = model.make_inputs("tiny", 2, torch.Generator().manual_seed(0))["audio"]
-    masks = []
-    layer = audio.backbone.layers[0] if hasattr(audio.backbone, "layers") else \
-        audio.backbone.encoder.layer[0]
-    layer.register_forward_pre_hook(lambda _m, args, kwargs: masks.append(
-        kwargs.get("attention_mask", args[1] if len(args) > 1 else None)), with_kwargs=True)
+
+def _first_layer(module: torch.nn.Module) -> torch.nn.Module:
+    return next(m for m in module.modules() if type(m).__name__.endswith("Layer"))
+
+
+def _transformers_modules() -> list[tuple[str, str]]:
+    """(model, module) of every zoo module built on a transformers model."""
+    from transformers import PreTrainedModel
+
+    found = []
+    for name in NAMES:
+        for module, built in get_model(name).build_modules("tiny").items():
+            if any(isinstance(m, PreTrainedModel) for m in built.modules()):
+                found.append((name, module))
+    return found
+
+
+def test_every_transformers_module_gets_no_mask_and_computes_the_masked_attention(monkeypatch):
+    """transformers (5.17 on the GPU image; the packed-sequence check of causal masks even in
+    5.24) builds the all-true bidirectional or causal mask whenever it is "tracing", CUDA-graph
+    capture included: a layer compiled alone then met a mask in the capture that its warm-up
+    had not, and Dynamo recompiled inside the capture. The zoo's attention never builds one,
+    and computes what attention with transformers' explicit masks computes."""
+    pairs = _transformers_modules()
+    assert {("clip", "text"), ("ofasys", "audio"), ("ofasys", "llm")} <= set(pairs)
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
-    eager = audio(x)
-    assert masks == [None]
-    assert audio.backbone.config._attn_implementation in ("mosaic_unpadded_sdpa", "sdpa")
-    reference = get_model("ofasys").build_modules("tiny", names=["audio"])["audio"]
-    reference.backbone.config._attn_implementation = "eager"
-    torch.testing.assert_close(eager, reference(x), rtol=1e-4, atol=1e-5)
+    for name, module in pairs:
+        model = get_model(name)
+        built = model.build_modules("tiny", names=[module])[module]
+        args = _module_args(model, module)
+        masks = []
+        _first_layer(built).register_forward_pre_hook(lambda _m, a, kw, masks=masks: masks.append(
+            kw.get("attention_mask", a[1] if len(a) > 1 else None)), with_kwargs=True)
+        out = built(*args)
+        assert masks == [None], (name, module)
+        reference = model.build_modules("tiny", names=[module])[module]
+        for m in reference.modules():
+            if hasattr(m, "config") and hasattr(m.config, "_attn_implementation"):
+                m.config._attn_implementation = "eager"
+        torch.testing.assert_close(out, reference(*args), rtol=1e-4, atol=1e-5,
+                                   msg=lambda text, n=name, m=module: f"{n}/{m}: {text}")
+
+
+def _module_args(model, module: str) -> tuple[torch.Tensor, ...]:
+    """The module's own inputs, then its predecessors' outputs (random, of the right shape)."""
+    inputs = model.make_inputs("tiny", 2, torch.Generator().manual_seed(0))
+    shapes = model.in_shapes("tiny")[module]
+    own = tuple(inputs.get(module, ()))
+    upstream = tuple(torch.randn(2, *shape, generator=torch.Generator().manual_seed(1))
+                     for shape in shapes)
+    return own + upstream

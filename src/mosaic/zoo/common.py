@@ -8,7 +8,9 @@ return one tensor with the batch on axis 0, sinks return a scalar loss.
 from __future__ import annotations
 
 import math
-from typing import ClassVar
+from collections.abc import Callable
+from functools import partial
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -106,35 +108,39 @@ class HFEncoder(ZooModule):
 
 
 UNPADDED_SDPA = "mosaic_unpadded_sdpa"
-"""Attention implementation of the zoo's bidirectional transformers encoders (see below)."""
+"""Attention implementation of every zoo transformers module (see `unpadded_sdpa`)."""
 
 
 def unpadded_sdpa() -> str:
-    """SDPA for an encoder fed without padding: the all-true bidirectional mask is never built.
+    """SDPA with no mask tensor, ever: the zoo feeds whole, unpadded, unpacked sequences, so
+    every attention is full or plainly causal, which SDPA's `is_causal` flag (set per attention
+    layer by transformers) expresses on its own.
 
-    transformers before 5.2x builds that mask whenever it "is tracing", which includes
-    torch.compile and CUDA-graph capture. So (1) a compiled encoder (ASTModel) runs SDPA with a
-    mask, which rules out the flash kernel, and (2) a layer compiled alone (compile scope
-    `blocks`) sees no mask in the warm-up and a mask in the capture: Dynamo recompiles inside
-    the capture, which CUDA refuses. Newer transformers skip the mask whenever there is no
-    padding, as this does; where the mask interfaces are missing, plain "sdpa"."""
+    transformers leaves the mask out only when it is not "tracing", and tracing includes
+    torch.compile and CUDA-graph capture (its packed-sequence check cannot run traced either).
+    So (1) every compiled module ran SDPA with an explicit mask: no flash kernel, and a causal
+    mask computed in full; (2) a layer compiled alone (compile scope `blocks`) met no mask in
+    the warm-up and a mask in the capture, so Dynamo recompiled inside the capture, which CUDA
+    refuses. tests/test_zoo.py checks every zoo transformers module against explicit masks.
+    Where transformers has no mask interfaces (before 4.53), plain "sdpa"."""
     try:
         from transformers import AttentionInterface
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
         from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
     except ImportError:
         return "sdpa"
-
-    def mask(*args, attention_mask=None, allow_is_bidirectional_skip=False, local_size=None,
-             **kwargs):
-        if attention_mask is None and allow_is_bidirectional_skip and local_size is None:
-            return None
-        return sdpa_mask(*args, attention_mask=attention_mask, local_size=local_size,
-                         allow_is_bidirectional_skip=allow_is_bidirectional_skip, **kwargs)
-
     AttentionInterface.register(UNPADDED_SDPA, sdpa_attention_forward)
-    AttentionMaskInterface.register(UNPADDED_SDPA, mask)
+    AttentionMaskInterface.register(UNPADDED_SDPA, partial(_no_mask_unless_padded, sdpa_mask))
     return UNPADDED_SDPA
+
+
+def _no_mask_unless_padded(sdpa_mask: Callable[..., Any], *args: Any,
+                           attention_mask: Tensor | None = None, local_size: int | None = None,
+                           **kwargs: Any) -> Tensor | None:
+    """None without a padding mask or a local window (the zoo's case); else transformers'."""
+    if attention_mask is None and local_size is None:
+        return None
+    return sdpa_mask(*args, attention_mask=attention_mask, local_size=local_size, **kwargs)
 
 
 class TokenEmbedding(ZooModule):

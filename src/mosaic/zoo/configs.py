@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from mosaic.graph import GraphError
 
@@ -26,9 +26,13 @@ if TYPE_CHECKING:
 
 Shape = tuple[int, ...]
 
-# Every transformers module runs on fused SDPA (flash / memory-efficient kernels on a GPU),
-# and no module has dropout, so a training step is a deterministic function of its inputs.
-_HF_COMMON = {"attn_implementation": "sdpa"}
+def _hf_common() -> dict[str, Any]:
+    """Every transformers module runs on fused SDPA (flash / memory-efficient kernels on a GPU)
+    without mask tensors (common.unpadded_sdpa), and no module has dropout, so a training step
+    is a deterministic function of its inputs."""
+    from mosaic.zoo.common import unpadded_sdpa
+
+    return {"attn_implementation": unpadded_sdpa()}
 
 
 def token_ids(vocab_size: int, batch_size: int, seq_len: int, generator: torch.Generator) -> Tensor:
@@ -176,7 +180,7 @@ class VisionConfig(TransformerConfig):
             image_size=self.image_size,
             patch_size=self.patch_size,
             attention_dropout=0.0,
-            **_HF_COMMON,
+            **_hf_common(),
         )
         backbone = transformers.CLIPVisionModel(hf)
         if not self.output.pooled:
@@ -232,7 +236,7 @@ class AudioConfig(TransformerConfig):
     def build(self, in_shapes: Sequence[Shape]) -> ZooModule:
         import transformers
 
-        from mosaic.zoo.common import HFEncoder, unpadded_sdpa
+        from mosaic.zoo.common import HFEncoder
 
         hf = transformers.ASTConfig(
             hidden_size=self.hidden_dim,
@@ -246,7 +250,7 @@ class AudioConfig(TransformerConfig):
             num_mel_bins=self.num_mel_bins,
             hidden_dropout_prob=0.0,
             attention_probs_dropout_prob=0.0,
-            attn_implementation=unpadded_sdpa(),
+            **_hf_common(),
         )
         return HFEncoder(
             transformers.ASTModel(hf),
@@ -309,7 +313,7 @@ class VideoConfig(TransformerConfig):
             use_mean_pooling=False,
             hidden_dropout_prob=0.0,
             attention_probs_dropout_prob=0.0,
-            **_HF_COMMON,
+            **_hf_common(),
         )
         backbone = transformers.VideoMAEModel(hf)
         _as_buffer(backbone.embeddings, "position_embeddings")
@@ -370,7 +374,7 @@ class TextConfig(TransformerConfig):
             pad_token_id=0,
             bos_token_id=self.vocab_size - 2,
             eos_token_id=self.vocab_size - 1,
-            **_HF_COMMON,
+            **_hf_common(),
         )
         return HFEncoder(transformers.CLIPTextModel(hf), pooled=True)
 
@@ -580,6 +584,6 @@ class LLMConfig(TransformerConfig):
             bos_token_id=None,
             eos_token_id=None,
             **extra,
-            **_HF_COMMON,
+            **_hf_common(),
         )
         return CausalLM(model_cls(hf), [s[1] for s in in_shapes], self.hidden_dim, self.vocab_size)
