@@ -26,8 +26,10 @@ def test_single_node_predictions_are_pinned():
     # engine=None: the composed model alone (eager surfaces, no fitted engine term), as pinned
     perf = make_perf_model("profiled", cluster, preset="paper", engine=None)
     got = {p.planner: p.predicted_iteration_s for p in plan_all(graph, cluster, perf)}
-    assert got == pytest.approx({"megatron": 0.07419771531562581, "distmm": 0.06012980273261512,
-                                 "spindle": 0.058675230484632274, "mosaic": 0.057953706723456164},
+    # Re-pinned on 2026-12-01 with the model code unchanged: the OFASys LLM's cost facts
+    # changed (the zoo's attention builds no mask tensors: fewer kernels, activation bytes).
+    assert got == pytest.approx({"megatron": 0.07398434563060843, "distmm": 0.05991643304759775,
+                                 "spindle": 0.05846186079961489, "mosaic": 0.05774033703843878},
                                 rel=1e-12)
     analytic = AnalyticModel(cluster)
     assert analytic.allreduce_s(1e9, range(8)) == pytest.approx(0.004948611111111111, rel=1e-12)

@@ -296,3 +296,18 @@ def test_kernels_names_round_trip_to_the_engines_compile_settings():
         assert kernels_label(*compile_of_kernels(kernels)) == kernels
     assert compile_of_kernels("compile-default-blocks") == ("default", "blocks")
     assert kernels_label(None, "blocks") == "eager"
+
+
+def test_a_module_profiled_again_with_new_facts_drops_its_old_points(tmp_path):
+    from dataclasses import replace
+
+    sig_v, sig_t, _ = _filled(tmp_path / "p.sqlite")
+    with ProfileDB.open(tmp_path / "p.sqlite", readonly=False) as db:
+        vision = next(m.spec for m in db.modules() if m.signature == sig_v)
+        new_sig = db.add_module("imagebind", "small", replace(vision, num_kernels=7))
+        db.add_points([ModulePoint(signature=new_sig, per_gpu_batch=4, num_sms=64, time_s=0.009)])
+        assert {p.signature for p in db.points()} == {new_sig}  # vision's old points are gone
+        assert db.signatures() == []
+        db.add_module("imagebind", "small", next(m.spec for m in db.modules()
+                                                   if m.signature == sig_t))  # same facts: kept
+        assert {p.signature for p in db.points()} == {new_sig}

@@ -380,10 +380,27 @@ class ProfileDB:
         if kernels not in KERNELS:
             raise ProfileDBError(f"kernels {kernels!r}: choose one of {KERNELS}")
         sig = module_signature(spec, kernels)
+        old = self.conn.execute("SELECT signature FROM modules WHERE model = ? AND preset = ? AND "
+                                "module = ? AND kernels = ?",
+                                (model, preset, spec.name, kernels)).fetchone()
         self._write("INSERT OR REPLACE INTO modules (model, preset, module, signature, spec_json,"
                     " kernels) VALUES (?, ?, ?, ?, ?, ?)",
                     [(model, preset, spec.name, sig, spec_to_json(spec), kernels)])
+        if old and old[0] != sig:
+            self.drop_orphaned_measurements()
         return sig
+
+    def drop_orphaned_measurements(self) -> int:
+        """Delete scaling and bandwidth points whose signature no module row names any more
+        (a module whose facts changed, e.g. new kernels, and was profiled again: the old points
+        measured something the zoo no longer runs). Returns the rows deleted."""
+        deleted = 0
+        for table in ("module_points", "signatures"):
+            deleted += self.conn.execute(
+                f"DELETE FROM {table} WHERE signature NOT IN (SELECT signature FROM modules)"
+            ).rowcount
+        self.conn.commit()
+        return deleted
 
     def add_points(self, points: list[ModulePoint]) -> None:
         self._write("INSERT OR REPLACE INTO module_points VALUES (?, ?, ?, ?, ?, ?, ?)",
