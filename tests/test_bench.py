@@ -6,6 +6,7 @@ from dataclasses import replace
 import pytest
 
 from mosaic.engine.measure import BenchConfig, BenchError, bench_report, measure_plans
+from mosaic.graph import MMGraph
 from mosaic.hardware import H200
 from mosaic.plan import Placement, Plan, Stage
 from mosaic.zoo import get_model
@@ -39,6 +40,7 @@ def test_bench_measures_every_plan_and_reports_ratios(tmp_path):
     assert max(measurements[1].grad_error.values()) < 1e-4  # fp32 on CPU: same math
     report = bench_report(graph, measurements, H200, "tiny", 1)
     json.dumps(report)  # serialisable
+    assert MMGraph.from_dict(report["graph"]) == graph  # the module facts the plans ran on
     row = report["results"][1]
     assert {"planner", "measured_iteration_s", "spread_s", "predicted_iteration_s", "mfu"} <= row.keys()
     assert report["mosaic_speedup_vs_best_baseline"] == pytest.approx(

@@ -133,3 +133,12 @@ def test_a_module_without_repeated_blocks_is_compiled_whole_under_blocks_scope()
     assert report.compiled["m"]["scope"] == "module"
     with pytest.raises(ValueError, match="compile scope 'layers'"):
         compile_modules({"m": torch.nn.Linear(2, 2)}, "default", scope="layers")
+
+
+def test_the_user_program_compiles_whole_modules_under_an_engine_compiling_blocks():
+    from mosaic.engine.measure import user_compile_fn
+
+    _, report = compile_modules({"m": _Stack()}, "default", scope="blocks")
+    user_compile_fn(report, "torch-compile")("m", _Stack(), "reduce-overhead")
+    assert report.compiled["m"]["scope"] == "blocks"
+    assert report.compiled["torch-compile/m"]["scope"] == "module"

@@ -148,3 +148,21 @@ def test_repo_results_agree_with_the_recorded_errors():
         recorded = {x["planner"]: x for x in report["results"]}
         assert row["error"] == pytest.approx(recorded[row["planner"]]["prediction_error"])
     assert r["passed"] == (r["max_abs_error"] <= 0.10 and r["median_abs_error"] <= 0.05)
+
+
+def test_a_result_is_repredicted_with_the_module_facts_it_ran_on():
+    """A zoo change (new kernels, recounted costs) changes module facts, and with them which
+    profiled surface applies: a result that recorded its graph keeps its own facts."""
+    from dataclasses import replace as replaced
+
+    from mosaic.graph import MMGraph
+    from mosaic.perf.results import graph_of
+    from mosaic.zoo import get_model
+
+    today = get_model("clip").graph("small")
+    then = MMGraph(name=today.name, global_batch=today.global_batch, edges=today.edges,
+                   modules=tuple(replaced(m, num_kernels=m.num_kernels + 7)
+                                 for m in today.modules))
+    report = {"model": "clip", "preset": "small", "global_batch": today.global_batch}
+    assert graph_of(report) == today  # older results recorded none: today's zoo
+    assert graph_of({**report, "graph": then.to_dict()}) == then

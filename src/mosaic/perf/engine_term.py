@@ -223,7 +223,7 @@ def rows_from_results(paths: str | Path | Iterable[str | Path],
     that model; an analytic prediction has other errors). User programs have no plan: skipped.
     `repredict` (perf.repredict.Repredictor): fit against today's composed prediction (its
     surfaces, without any engine term) instead of the one each result recorded."""
-    from mosaic.perf.results import bench_result_files, load_bench_result
+    from mosaic.perf.results import bench_result_files, graph_of, load_bench_result
 
     rows: list[IterationRow] = []
     graphs: dict = {}
@@ -231,7 +231,7 @@ def rows_from_results(paths: str | Path | Iterable[str | Path],
         report = load_bench_result(path) or {}
         if repredict is None and not str(report.get("perf_model", "")).startswith("profiled"):
             continue
-        graph = _graph(report["model"], report["preset"], int(report["global_batch"]), graphs)
+        graph = graph_of(report, graphs)
         for r in report.get("results", []):
             if not (r.get("plan") and r.get("measured_iteration_s")):
                 continue

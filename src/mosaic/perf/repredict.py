@@ -3,8 +3,9 @@
 A bench result stores the prediction its plans were chosen with. When the profile or the model
 changes (compiled-kernel surfaces, a refitted engine term), the question is how well the model
 *now* predicts what was measured then: the accuracy gate and the engine-term fit both ask it.
-The plan, model, preset, batch, GPU count and engine kind are all in the result, so the
-prediction is recomputed exactly as `mosaic plan` would make it for that engine.
+The plan, model graph (module facts as they were; older results: today's zoo), preset, batch,
+GPU count and engine kind are all in the result, so the prediction is recomputed exactly as
+`mosaic plan` would make it for that engine.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ class Repredictor:
     def __init__(self, db: str | Path | None = None) -> None:
         self.db = db
         self._models: dict[tuple[str, int, str], Any] = {}
-        self._graphs: dict[tuple[str, str, int], MMGraph] = {}
+        self._graphs: dict[tuple, MMGraph] = {}
 
     def _model(self, hardware: str, num_gpus: int, engine: str) -> Any:
         from mosaic.perf.profiled import ProfiledModel
@@ -42,12 +43,9 @@ class Repredictor:
         return self._models[key]
 
     def graph(self, report: dict[str, Any]) -> MMGraph:
-        from mosaic.zoo import get_model
+        from mosaic.perf.results import graph_of
 
-        key = (report["model"], report["preset"], int(report["global_batch"]))
-        if key not in self._graphs:
-            self._graphs[key] = get_model(key[0]).graph(key[1], global_batch=key[2])
-        return self._graphs[key]
+        return graph_of(report, self._graphs)
 
     def predict(self, report: dict[str, Any], row: dict[str, Any], *,
                 engine_term: bool = True) -> float | None:

@@ -10,7 +10,7 @@ from typing import Any
 
 from mosaic.errors import MosaicError
 
-__all__ = ["BenchResultsError", "bench_result_files", "load_bench_result"]
+__all__ = ["BenchResultsError", "bench_result_files", "graph_of", "load_bench_result"]
 
 
 class BenchResultsError(MosaicError):
@@ -58,3 +58,22 @@ def bench_result_files(paths_or_dir: str | Path | Iterable[str | Path]) -> list[
         where = ", ".join(map(str, paths))
         raise BenchResultsError(f"no `mosaic bench` results JSON under {where}")
     return found
+
+
+def graph_of(report: dict[str, Any], cache: dict | None = None) -> Any:
+    """The model graph a result's plans ran on: its recorded `graph` (the module facts as they
+    were then; a zoo change such as new kernels changes them, and with them which profiled
+    surface applies), else, for results written before it was recorded, today's zoo graph."""
+    from mosaic.graph import MMGraph
+
+    cache = {} if cache is None else cache
+    key = (report["model"], report["preset"], int(report["global_batch"]),
+           json.dumps(report.get("graph"), sort_keys=True))
+    if key not in cache:
+        if report.get("graph"):
+            cache[key] = MMGraph.from_dict(report["graph"])
+        else:
+            from mosaic.zoo import get_model
+
+            cache[key] = get_model(key[0]).graph(key[1], global_batch=key[2])
+    return cache[key]
