@@ -136,3 +136,22 @@ def test_targets_table_takes_the_newest_compiled_one_gpu_run_per_batch(tmp_path)
         "new/bench.json", "2026-12-01", "21.21", "21.00 (distmm)", "23.10", "0.990x ✗",
         "1.089x ✗", "1.0% ✓"]
     assert len(lines) == 2 + 5 * 2 * 2  # every zoo model, both presets, 1x and 4x
+
+
+def test_a_user_program_compiled_by_blocks_is_no_baseline(tmp_path):
+    _compiled_run(tmp_path / "fair" / "bench.json", "2026-12-01T00:00:00", 21.21)
+    blocks = tmp_path / "blocks" / "bench.json"
+    _compiled_run(blocks, "2026-12-02T00:00:00", 20.0)
+    report = json.loads(blocks.read_text())
+    report["checks"] = {"compile": {"compiled": {"vision": {"scope": "blocks"},
+                                                 "torch-compile/vision": {"scope": "blocks"}}}}
+    blocks.write_text(json.dumps(report))
+    assert render.user_baseline(report) is None
+    assert "23.10 (compiled by blocks)" in render.bench_table(tmp_path, tmp_path)
+    lines = render.targets_one_gpu(tmp_path, None).splitlines()
+    row = next(line for line in lines if "128 (4x)" in line)
+    assert "fair/bench.json" in row  # the newer run has no baseline to beat: the fair one counts
+    (tmp_path / "fair" / "bench.json").unlink()
+    row = next(line for line in render.targets_one_gpu(tmp_path, None).splitlines()
+               if "128 (4x)" in line)
+    assert "blocks/bench.json" in row and "| not run |" in row
