@@ -4,6 +4,7 @@ import json
 from dataclasses import replace
 
 import pytest
+import torch
 
 from mosaic.engine.measure import BenchConfig, BenchError, bench_report, measure_plans
 from mosaic.graph import MMGraph
@@ -209,3 +210,20 @@ def test_bench_measures_a_sharded_plan_beside_a_plain_one(tmp_path, model, make_
     placed = [p for s in rows["mosaic"]["plan"]["stages"] for p in s["placements"]]
     assert any(p["shard"] or p["tensor_parallel"] > 1 for p in placed)
     assert max(rows["mosaic"]["grad_error"].values()) < 1e-4
+
+
+def test_running_out_of_gpu_memory_names_the_phase_and_the_fix(monkeypatch):
+    from mosaic.engine import measure
+
+    def out_of_memory(*_args, **_kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 13.04 GiB")
+
+    monkeypatch.setattr(measure, "_timed_rounds", out_of_memory)
+    model = get_model("clip")
+    graph = model.graph("tiny")
+    config = BenchConfig(rounds=1, steps_per_round=1, warmup_steps=0, nvml_seconds=0,
+                         user_programs=())
+    with pytest.raises(BenchError, match=r"out of GPU memory after 'gradients checked.*"
+                                         r"2 plan\(s\).*--planners mosaic") as caught:
+        measure_plans(model, "tiny", graph, _plans(graph), H200, config)
+    assert isinstance(caught.value.__cause__, torch.OutOfMemoryError)

@@ -562,9 +562,23 @@ def measure_plans(model, preset: str, graph: MMGraph, plans: dict[str, Plan], gp
         progress.say(s, "one traced step and GPU utilisation per plan recorded")
         checks["phases"] = progress.phases
         return _with_twins(results, same, plans), checks
+    except torch.OutOfMemoryError as exc:
+        raise out_of_memory(progress, len(s.contenders)) from exc
     finally:
         _close(s.contenders)
         end_distributed(s.dist)
+
+
+def out_of_memory(progress: _Progress, contenders: int) -> BenchError:
+    """What to do when the GPU ran out of memory measuring: every plan keeps its own CUDA
+    graphs and their memory pool through the interleaved rounds (Unified-IO 2 `paper` with
+    four plans ran out of the H200's 141 GB capturing the fourth)."""
+    where = progress.phases[-1]["phase"] if progress.phases else "setting up"
+    return BenchError(
+        f"out of GPU memory after {where!r}, with {contenders} plan(s) and user program(s) "
+        "measured side by side: each plan keeps its CUDA graphs and their memory for the "
+        "interleaved rounds. Measure fewer at once (--planners mosaic, or --plans DIR holding "
+        "one plan; --user-programs \"\"), or a smaller --batch")
 
 
 @dataclass(slots=True)
