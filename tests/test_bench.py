@@ -227,3 +227,73 @@ def test_running_out_of_gpu_memory_names_the_phase_and_the_fix(monkeypatch):
                                          r"2 plan\(s\).*--planners mosaic") as caught:
         measure_plans(model, "tiny", graph, _plans(graph), H200, config)
     assert isinstance(caught.value.__cause__, torch.OutOfMemoryError)
+
+
+def overlapped_against_one_optimizer(device: str, graphs: bool, steps: int = 3):
+    """Parameters after `steps` steps of the same plan, stepped by one AdamW after the
+    backward and by an OverlappedOptimizer (per module, on the modules' streams on CUDA)."""
+    from mosaic.engine.session import (
+        EngineConfig,
+        OverlappedOptimizer,
+        RankSession,
+        build_modules,
+        end_distributed,
+        make_batch,
+        make_optimizer,
+        start_distributed,
+    )
+
+    model = get_model("imagebind")
+    graph = model.graph("tiny")
+    plan = _plans(graph)["mosaic"]
+    d = start_distributed(device)
+    states, ready = {}, {}
+    try:
+        for kind in ("one", "overlapped"):
+            modules = build_modules(model, "tiny", graph.names, 0, d.device)
+            session = RankSession.create(plan, graph, modules, d, H200, EngineConfig(graphs=graphs))
+            optimizer = (make_optimizer("adamw", session.parameters(), 1e-3) if kind == "one"
+                         else OverlappedOptimizer(session, "adamw", 1e-3))
+            data = session.local_batch(make_batch(model, "tiny", graph.global_batch, 0, 0))
+            for step in range(steps):
+                optimizer.zero_grad(set_to_none=True)
+                out = session.step(data)
+                optimizer.step()
+                if graphs and step == 0:
+                    session.capture_graphs()
+            ready[kind] = set(out.grads_ready)
+            states[kind] = {f"{m}.{n}": p.detach().float().cpu().clone()
+                            for m, mod in modules.items() for n, p in mod.named_parameters()}
+            session.close()
+    finally:
+        end_distributed(d)
+    return states, ready, graph
+
+
+def test_the_overlapped_optimizer_updates_as_one_optimizer_does():
+    states, ready, _ = overlapped_against_one_optimizer("cpu", graphs=False)
+    assert ready["overlapped"] == set()  # no streams on the CPU: every module steps after the join
+    for name, want in states["one"].items():
+        torch.testing.assert_close(states["overlapped"][name], want, rtol=0, atol=0, msg=name)
+
+
+def test_optimizer_overlap_is_a_variant_of_every_plan_and_refused_by_the_trainer():
+    from mosaic.engine.measure import parse_variant, variant_applies
+    from mosaic.engine.session import EngineConfig
+    from mosaic.engine.trainer import TrainConfig, TrainError
+
+    graph = get_model("clip").graph("tiny")
+    settings = parse_variant("optimizer_overlap=true")
+    assert settings == {"optimizer_overlap": True}
+    assert variant_applies(_plans(graph)["megatron"], settings)  # one GPU: no gradient sync
+    plans = _plans(graph)
+    plans["mosaic@optimizer_overlap=true"] = plans["mosaic"]
+    config = BenchConfig(rounds=1, steps_per_round=1, warmup_steps=0, nvml_seconds=0,
+                         user_programs=())
+    engines = {"mosaic@optimizer_overlap=true": replace(config.engine, optimizer_overlap=True)}
+    measurements, _ = measure_plans(get_model("clip"), "tiny", graph, plans, H200, config, engines)
+    row = {m.label: m for m in measurements}["mosaic@optimizer_overlap=true"]
+    assert row.engine_variant == {"optimizer_overlap": True} and row.median_s > 0
+    with pytest.raises(TrainError, match="optimizer_overlap"):
+        TrainConfig(model="clip", preset="tiny", plan=plans["mosaic"],
+                    engine=EngineConfig(optimizer_overlap=True))

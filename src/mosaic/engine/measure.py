@@ -39,6 +39,7 @@ from mosaic.engine.compile import CompileReport, compile_fn, compile_modules
 from mosaic.engine.session import (
     Dist,
     EngineConfig,
+    OverlappedOptimizer,
     RankSession,
     build_modules,
     end_distributed,
@@ -73,8 +74,9 @@ USER_PROGRAMS = {"torch-eager": None, "torch-compile": "reduce-overhead"}
 """The user's own program, by label: its torch.compile mode (None = eager)."""
 BASELINES = ("megatron", "distmm", "spindle")
 USER_ROUNDS = ("interleaved", "apart")
-VARIANT_FIELDS = ("grad_sync", "reduce_dtype", "bucket_view", "grads_in_graph")
-_BOOL_FIELDS = ("bucket_view", "grads_in_graph")
+VARIANT_FIELDS = ("grad_sync", "reduce_dtype", "bucket_view", "grads_in_graph",
+                  "optimizer_overlap")
+_BOOL_FIELDS = ("bucket_view", "grads_in_graph", "optimizer_overlap")
 """Engine settings a bench may vary per contender: gradient synchronisation only."""
 
 
@@ -221,6 +223,8 @@ def _setup(model, preset: str, graph: MMGraph, plans: dict[str, Plan], gpu: GPUS
             else:
                 session = RankSession.create(plan, graph, modules, d, gpu, own_engine, views=views)
                 contenders[label] = _plan_contender(label, session, batch)
+                if own_engine.optimizer_overlap:  # its own optimizer state; same weights
+                    contenders[label].optimizer = OverlappedOptimizer(session, "adamw", config.lr)
             contenders[label].startup_s = time.perf_counter() - start
     except BaseException:
         _close(contenders)
@@ -279,8 +283,10 @@ def synchronises_gradients(plan: Plan) -> bool:
 
 def variant_applies(plan: Plan, settings: dict[str, Any]) -> bool:
     """Whether an engine variant changes how `plan` runs: gradient accumulation in the graphs
-    matters to every plan, the gradient-sync settings to data-parallel ones only."""
-    return "grads_in_graph" in settings or synchronises_gradients(plan)
+    and the optimizer's overlap matter to every plan, the gradient-sync settings to
+    data-parallel ones only."""
+    every_plan = {"grads_in_graph", "optimizer_overlap"}
+    return bool(every_plan & set(settings)) or synchronises_gradients(plan)
 
 
 def _reshapes(plan: Plan) -> bool:

@@ -125,6 +125,10 @@ class StepOutput:
     start: Mark
     marks: list[tuple[str, int, str, Mark, Mark]] = field(default_factory=list)
     """(module, stage, phase, start, end) per module and phase when timeline is on."""
+    grads_ready: dict[str, tuple[Any, Any]] = field(default_factory=dict)
+    """module -> (stream, event) after which its parameter gradients are final for this step:
+    on CUDA, at the last micro-step, for modules whose gradients nothing sums or reshards, so
+    their optimizer step may start there while other modules are still in backward."""
 
 
 @dataclass(slots=True)
@@ -470,6 +474,8 @@ class PlanRunner:
                     torch.autograd.backward(st.outputs[m], st.grads[m])
                 st.done[m] = self._record(stream)
                 self._add_mark(out, m, t, "bwd", start, stream)
+                if st.sync and self._grads_final_at_backward(m):
+                    out.grads_ready[m] = (stream, st.done[m])
         routes = self._routes_into[t]
         if not join and not routes:  # one GPU, nothing flows back: let it run on (overlap)
             return
@@ -488,6 +494,13 @@ class PlanRunner:
             # FSDP reduce-scattered a sharded module's gradients, but for the whole scalars
             params = self._whole_params[m] if m in self.sharded else self.modules[m].parameters()
             self.comm.all_reduce_grads(list(params), self._grad_group(m), divide_by=divide_by)
+
+    def _grads_final_at_backward(self, m: str) -> bool:
+        """Whether module m's gradients are final when its backward ends (no all-reduce, DDP,
+        FSDP or TP after it; one backward per step)."""
+        return (self.cuda and self.micro_batches == 1 and m not in self._ddp
+                and m not in self.sharded and self.tensor_parallel[m] == 1
+                and self.plan.placement(m).dp_degree == 1)
 
     def _flat_grads(self, m: str) -> FlatGrads:
         if m not in self._flat:

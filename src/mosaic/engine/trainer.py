@@ -157,6 +157,10 @@ class TrainConfig:
             raise TrainError("graphs=True runs the first step eagerly to capture: set warmup_steps >= 1")
         if self.optimizer not in OPTIMIZERS:
             raise TrainError(f"optimizer={self.optimizer!r}; use one of {sorted(OPTIMIZERS)}")
+        if self.engine.optimizer_overlap:
+            raise TrainError("engine.optimizer_overlap is measured by `mosaic bench "
+                             "--engine-variant optimizer_overlap=true` only so far; training "
+                             "steps one optimizer after the backward (leave it False)")
         if self.lr <= 0:
             raise TrainError(f"lr={self.lr} must be > 0")
         if self.device not in (None, "cpu", "cuda"):
