@@ -33,3 +33,30 @@ def test_the_audio_encoder_compiles_with_its_workaround_and_trains():
     assert report.compiled["audio"]["options"] == {"triton.coalesce_tiling_analysis": False}
     assert all(p.grad is not None for p in module.parameters() if p.requires_grad)
     print(f"audio encoder compiled in {report.compile_s['audio']:.1f} s")
+
+
+@pytest.mark.parametrize("module", ["audio", "llm"])
+def test_a_module_compiled_by_blocks_is_captured_without_compiling_inside_the_capture(module):
+    """Compile scope `blocks` runs a module's glue eagerly between compiled layers. With
+    transformers' SDPA the glue built an attention mask only while capturing (it counts
+    capture as tracing), the layer recompiled inside the capture, and CUDA refused
+    (OFASys `paper` on the H200, 2026-12-01). The zoo's attention builds none: capture works
+    and replays what the compiled module computes."""
+    from mosaic.engine.graphed import InGraphGradModule
+    from mosaic.zoo import get_model
+
+    model = get_model("ofasys")
+    built = model.build_modules("tiny", "cuda", names=[module])[module]
+    generator = torch.Generator("cuda").manual_seed(0)
+    own = tuple(model.make_inputs("tiny", 4, generator, "cuda").get(module, ()))
+    upstream = tuple(torch.randn(4, *shape, generator=generator, device="cuda")
+                     for shape in model.in_shapes("tiny")[module])
+    views, report = compile_modules({module: built}, "default", CompileReport(), scope="blocks")
+    assert report.compiled[module]["scope"] == "blocks"
+    args = own + upstream
+    with torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=False):
+        want = views[module](*args).float()
+        graphed = InGraphGradModule(views[module], list(built.parameters()), args,
+                                    torch.cuda.Stream())
+    graphed.forward_graph.replay()
+    torch.testing.assert_close(graphed.static_output.float(), want, rtol=2e-2, atol=2e-2)
