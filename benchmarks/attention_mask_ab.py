@@ -37,15 +37,6 @@ def build(model_name: str, module: str, preset: str, variant: str, device: str
     return built
 
 
-def module_args(model_name: str, module: str, preset: str, batch: int, device: str) -> tuple:
-    model = get_model(model_name)
-    generator = torch.Generator(device).manual_seed(0)
-    own = tuple(model.make_inputs(preset, batch, generator, device).get(module, ()))
-    upstream = tuple(torch.randn(batch, *shape, generator=generator, device=device)
-                     for shape in model.in_shapes(preset)[module])
-    return own + upstream
-
-
 def step(fn, args) -> torch.Tensor:
     with torch.autocast(args[0].device.type, dtype=torch.bfloat16):
         out = fn(*args)
@@ -69,7 +60,8 @@ def time_steps(fn, args, steps: int) -> list[float]:
 
 def ab(spec: str, rounds: int, steps: int, device: str = "cuda") -> dict:
     model_name, module, preset, batch = spec.split(":")
-    args = module_args(model_name, module, preset, int(batch), device)
+    generator = torch.Generator(device).manual_seed(0)
+    args = get_model(model_name).module_args(preset, module, int(batch), generator, device)
     compiled, compile_s, outputs = {}, {}, {}
     for variant in VARIANTS:
         module_ = build(model_name, module, preset, variant, device)

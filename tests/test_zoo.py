@@ -285,7 +285,7 @@ def test_every_transformers_module_gets_no_mask_and_computes_the_masked_attentio
     for name, module in pairs:
         model = get_model(name)
         built = model.build_modules("tiny", names=[module])[module]
-        args = _module_args(model, module)
+        args = model.module_args("tiny", module, 2, torch.Generator().manual_seed(0))
         masks = []
         _first_layer(built).register_forward_pre_hook(lambda _m, a, kw, masks=masks: masks.append(
             kw.get("attention_mask", a[1] if len(a) > 1 else None)), with_kwargs=True)
@@ -298,12 +298,3 @@ def test_every_transformers_module_gets_no_mask_and_computes_the_masked_attentio
         torch.testing.assert_close(out, reference(*args), rtol=1e-4, atol=1e-5,
                                    msg=lambda text, n=name, m=module: f"{n}/{m}: {text}")
 
-
-def _module_args(model, module: str) -> tuple[torch.Tensor, ...]:
-    """The module's own inputs, then its predecessors' outputs (random, of the right shape)."""
-    inputs = model.make_inputs("tiny", 2, torch.Generator().manual_seed(0))
-    shapes = model.in_shapes("tiny")[module]
-    own = tuple(inputs.get(module, ()))
-    upstream = tuple(torch.randn(2, *shape, generator=torch.Generator().manual_seed(1))
-                     for shape in shapes)
-    return own + upstream

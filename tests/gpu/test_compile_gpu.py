@@ -47,13 +47,9 @@ def test_a_module_compiled_by_blocks_is_captured_without_compiling_inside_the_ca
 
     model = get_model("ofasys")
     built = model.build_modules("tiny", "cuda", names=[module])[module]
-    generator = torch.Generator("cuda").manual_seed(0)
-    own = tuple(model.make_inputs("tiny", 4, generator, "cuda").get(module, ()))
-    upstream = tuple(torch.randn(4, *shape, generator=generator, device="cuda")
-                     for shape in model.in_shapes("tiny")[module])
+    args = model.module_args("tiny", module, 4, torch.Generator("cuda").manual_seed(0), "cuda")
     views, report = compile_modules({module: built}, "default", CompileReport(), scope="blocks")
     assert report.compiled[module]["scope"] == "blocks"
-    args = own + upstream
     with torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=False):
         want = views[module](*args).float()
         graphed = InGraphGradModule(views[module], list(built.parameters()), args,

@@ -28,6 +28,7 @@ from scipy.optimize import least_squares
 
 from mosaic.errors import MosaicError
 from mosaic.graph import MMGraph
+from mosaic.perf.results import bench_result_files, graph_of, load_bench_result
 from mosaic.plan import Plan, PlanError
 from mosaic.profile.db import FitRecord, ProfileDB, kernels_label
 
@@ -208,23 +209,12 @@ def plan_features(plan: Plan, graph: MMGraph, predicted_s: float) -> dict[str, f
 
 
 # --- rows ----------------------------------------------------------------------------------
-def _graph(model: str, preset: str, global_batch: int, cache: dict) -> MMGraph:
-    key = (model, preset, global_batch)
-    if key not in cache:
-        from mosaic.zoo import get_model
-
-        cache[key] = get_model(model).graph(preset, global_batch=global_batch)
-    return cache[key]
-
-
 def rows_from_results(paths: str | Path | Iterable[str | Path],
                       repredict: Any = None) -> list[IterationRow]:
     """Plan rows of `mosaic bench` results predicted by the profiled model (the term corrects
     that model; an analytic prediction has other errors). User programs have no plan: skipped.
     `repredict` (perf.repredict.Repredictor): fit against today's composed prediction (its
     surfaces, without any engine term) instead of the one each result recorded."""
-    from mosaic.perf.results import bench_result_files, graph_of, load_bench_result
-
     rows: list[IterationRow] = []
     graphs: dict = {}
     for name, path in bench_result_files(paths):
@@ -257,7 +247,8 @@ def rows_from_db(db: ProfileDB, repredict: Any = None) -> list[IterationRow]:
             plan = Plan.from_dict(json.loads(it.plan_json))
         except (PlanError, ValueError):
             continue  # a plan format this version cannot read: not evidence
-        graph = _graph(it.model, it.preset, it.global_batch, graphs)
+        graph = graph_of({"model": it.model, "preset": it.preset,
+                          "global_batch": it.global_batch}, graphs)
         composed = (it.predicted_s - it.engine_term_s if repredict is None else
                     repredict.predict_plan(db.hardware, it.engine, plan, graph, engine_term=False))
         rows.append(_row(f"db:{it.date}", it.engine, plan, graph, composed, it.measured_s,

@@ -173,6 +173,21 @@ class ZooModel:
             for name, config in self.preset(preset).modules.items()
         }
 
+    def module_args(self, preset: str, module: str, batch_size: int,
+                    generator: torch.Generator, device: Device = "cpu") -> tuple[Tensor, ...]:
+        """Arguments to run one module alone: its own synthetic inputs, then a standard-normal
+        stand-in for each predecessor's output (right shape, not the real values), all drawn
+        from `generator` on its device, then moved."""
+        import torch
+
+        own = self.make_inputs(preset, batch_size, generator, device)[module]
+        upstream = tuple(
+            torch.randn(batch_size, *shape, generator=generator, device=generator.device)
+            .to(device)
+            for shape in self.in_shapes(preset)[module]
+        )
+        return (*own, *upstream)
+
     def make_rows(
         self,
         preset: str,
