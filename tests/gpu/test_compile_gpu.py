@@ -43,11 +43,11 @@ def test_modules_compiled_by_blocks_are_captured_without_compiling_inside_the_ca
     transformers' SDPA the glue built an attention mask only while capturing (it counts
     capture as tracing), a layer recompiled inside the capture, and CUDA refused (OFASys
     `paper` on the H200, 2026-12-01). The zoo's attention builds none: the engine captures
-    OFASys (audio encoder and LLM included, under SM quotas) and trains as it does uncaptured."""
+    OFASys (audio encoder and LLM included, modules of a level sharing the GPU) and trains as it does uncaptured."""
     from mosaic.zoo import get_model
     from tests.test_engine import one_gpu_plans
 
-    plan = one_gpu_plans(get_model("ofasys").graph("tiny"))["partition"]
+    plan = one_gpu_plans(get_model("ofasys").graph("tiny"))["free"]
     losses = {}
     for graphs in (False, True):
         engine = EngineConfig(graphs=graphs, compile="default", compile_scope="blocks")
