@@ -101,3 +101,27 @@ def test_train_autotune_trains_the_chosen_plan(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_:
         main(["train", "clip", "--plan", str(tmp_path / "plan.json"), "--autotune", "1"])
     assert exit_.value.code == 2
+
+
+def test_measurements_of_a_run_on_the_shipped_profile_go_to_a_copy_never_into_the_package(tmp_path):
+    from mosaic.autotune import record_db_for
+    from mosaic.profile.db import default_db_path
+
+    cluster = make_cluster(1, "h200")
+    shipped = default_db_path("h200")
+    before = shipped.stat().st_mtime_ns, shipped.stat().st_size
+    perf = make_perf_model("profiled", cluster, preset="tiny")  # the shipped DB
+    own = record_db_for(perf, "h200", tmp_path / "runs")
+    assert own == tmp_path / "runs" / "profile-h200.sqlite" and own.read_bytes() == shipped.read_bytes()
+    with ProfileDB.open(own, readonly=False) as db:  # later runs append, never replace it
+        db.set_meta("appended", "yes")
+    assert record_db_for(perf, "h200", tmp_path / "runs") == own
+    with ProfileDB.open(own) as db:
+        assert db.meta["appended"] == "yes"
+    assert (shipped.stat().st_mtime_ns, shipped.stat().st_size) == before
+
+    users = tmp_path / "mine.sqlite"
+    ProfileDB.create(users, hardware="h200", num_sms=132).close()
+    own_perf = make_perf_model("profiled", cluster, preset="tiny", db=users)
+    assert record_db_for(own_perf, "h200", tmp_path / "runs") == users
+    assert record_db_for(make_perf_model("analytic", cluster), "h200", tmp_path / "runs") is None

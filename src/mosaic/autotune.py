@@ -7,7 +7,9 @@ planner, add the baselines (megatron, distmm, spindle: always candidates, so the
 is never measured slower than the best baseline), measure them all briefly in one process
 per GPU with `measure_plans` (interleaved rounds, gradients checked), and keep the fastest.
 Every measurement is written to the ProfileDB `iterations` table, so the next engine-term
-refit (perf/engine_term.py) learns from every autotune run.
+refit (perf/engine_term.py) learns from every autotune run: the DB the model was loaded from
+when it is the user's own, else a copy of the shipped one in the run's folder
+(`record_db_for`), since the package's data is never written.
 
 `measure_plans` is collective: under torchrun every rank calls `autotune` together; the
 candidates are made on rank 0 and shared, so every rank measures the same plans.
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import shutil
 import sqlite3
 import time
 import warnings
@@ -32,7 +35,7 @@ from mosaic.hardware import ClusterSpec
 from mosaic.perf.base import PerfModel
 from mosaic.perf.engine_term import engine_kind
 from mosaic.plan import Plan, PlanError, plan_key
-from mosaic.profile.db import IterationRecord, ProfileDB, ProfileDBError
+from mosaic.profile.db import IterationRecord, ProfileDB, ProfileDBError, default_db_path
 
 CANDIDATE_PLANNERS = ("mosaic", "mosaic-partition", "mosaic-unaware", "exhaustive", "gahc",
                       *BASELINES)
@@ -194,6 +197,24 @@ def autotune(model: Any, preset: str, graph: MMGraph, cluster: ClusterSpec, perf
         except (ProfileDBError, sqlite3.Error) as exc:  # the choice stands; only the record is lost
             warnings.warn(f"autotune: measurements not recorded in {db}: {exc}", stacklevel=2)
     return result
+
+
+def record_db_for(perf: PerfModel, hardware: str, folder: str | Path = "runs") -> Path | None:
+    """Where autotune records its measurements: the DB `perf` was loaded from when it is the
+    user's own; for the shipped DB (installed package data, replaced on upgrade) a copy in
+    `folder`, made once and appended to after, which `--profile-db` and the engine-term refit
+    then read. None: the model has no DB (analytic)."""
+    loaded = getattr(perf, "db_path", None)
+    if loaded is None:
+        return None
+    shipped = default_db_path(hardware)
+    if not shipped.is_file() or Path(loaded).resolve() != shipped.resolve():
+        return Path(loaded)
+    own = Path(folder) / f"profile-{hardware.lower()}.sqlite"
+    if not own.exists():
+        own.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(shipped, own)
+    return own
 
 
 def _shared_candidates(graph: MMGraph, cluster: ClusterSpec, perf: PerfModel,

@@ -753,18 +753,23 @@ def _variant_plans(plans: dict, variants: list[dict], base, perf_model: str, clu
 
 def _autotune(zoo_model, preset: str, graph, cluster, perf, k: int, engine, *, cpu: bool):
     """Measured plan selection (mosaic/autotune.py). On a GPU the measurements are appended to
-    the profiled model's DB for the next engine-term refit; CPU timings would only pollute it."""
-    from mosaic.autotune import AutotuneConfig, autotune
+    the profiled model's DB (the shipped one: to a copy under runs/) for the next engine-term
+    refit; CPU timings would only pollute it."""
+    from mosaic.autotune import AutotuneConfig, autotune, record_db_for
 
     steps = {"steps_per_round": 1, "warmup_steps": 1} if cpu else {}
-    db = None if cpu else getattr(perf, "db_path", None)
+    rank0 = int(os.environ.get("RANK", "0")) == 0
+    db = None if cpu or not rank0 else record_db_for(perf, cluster.gpu.name)
     result = autotune(zoo_model, preset, graph, cluster, perf,
                       AutotuneConfig(k=k, engine=engine, **steps), db=db)
-    if int(os.environ.get("RANK", "0")) == 0:
+    if rank0:
         typer.echo(f"autotune: chose {result.label!r} of {len(result.measurements)} measured plans "
                    f"({result.measured_s * 1e3:.2f} ms vs best baseline "
                    f"{result.best_baseline_s * 1e3:.2f} ms); start-up {result.startup_s:.1f} s",
                    err=True)
+        if db is not None:
+            typer.echo(f"autotune: measurements recorded in {db} (plan with --profile-db {db}; "
+                       f"refit: mosaic model-error --fit-engine-term DIR --db {db})", err=True)
     return result
 
 
