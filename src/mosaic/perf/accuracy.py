@@ -6,8 +6,10 @@
 - Colocations: k-fold, stratified by sharing mode, in record order (deterministic). The interference coefficients are fitted
   on the other folds (with the measured alone times) and predict the held-out groups end to
   end from the surfaces, as the planner would. Surfaces never see colocation data.
-- Reference rows: the analytic model as is, and times the DB's calibration factor (the
-  profiled model's fallback for modules missing from the DB; calibrated on all points).
+- Reference rows: the analytic model as is, and times the DB's mean calibration factor.
+- The fallback for modules missing from the DB (`fallback_held_out`): leave one module out,
+  calibrate on the others, predict the module's points; per module the median error, for the
+  nearest-points calibration the model uses and for one global factor.
 - Whole iterations (`iteration_error`): every plan row of `mosaic bench` results JSON, the
   plan's predicted iteration time against its measured median, gated against the targets.
 """
@@ -29,6 +31,7 @@ from mosaic.perf.profiled import (
     SurfaceSet,
     colocation_kernels,
     fit_surface,
+    held_out_errors,
     interference_fit_name,
 )
 from mosaic.perf.results import bench_result_files, load_bench_result
@@ -141,9 +144,24 @@ def model_error(db: ProfileDB | str | Path, cluster: ClusterSpec | None = None, 
         result["rows"][f"profiled-{variant}"] = summary
     for name, scale in (("analytic", 1.0), ("analytic-calibrated", surfaces.calibration)):
         result["rows"][name] = _summary(*_analytic_rows(surfaces, colocs, scale))
+    result["fallback_held_out"] = fallback_held_out(surfaces)
     if details:
         result["single_points"] = single
     return result
+
+
+def fallback_held_out(surfaces: SurfaceSet) -> dict[str, Any]:
+    """Leave-one-module-out error of the analytic fallback, for the nearest-points calibration
+    and for one global factor: median and worst over modules of each module's median |error|,
+    and the way the model uses."""
+    per_module = held_out_errors(surfaces.calibration_points())
+    out: dict[str, Any] = {"modules": len(per_module), "used": "nearest" if
+                           surfaces.fallback.nearest else "global"}
+    for how in ("nearest", "global"):
+        errors = [e[how] for e in per_module.values()]
+        out[how] = ({"median_pct": float(np.median(errors)), "worst_pct": float(np.max(errors))}
+                    if errors else None)
+    return out
 
 
 def store_interference_fits(db_path: str | Path, hardware: str, kernels: str = "eager",
@@ -207,6 +225,13 @@ def print_model_error(result: dict[str, Any], console: Any = None) -> None:
                       f"{n['single']}/{n['coloc']}", modes)
     console.print(table)
     console.print(f"calibration (measured / analytic, geometric mean): {result['calibration']:.3g}")
+    held = result.get("fallback_held_out") or {}
+    if held.get("nearest"):
+        console.print(f"fallback for unprofiled modules, leave-one-module-out over "
+                      f"{held['modules']} modules: nearest points median "
+                      f"{held['nearest']['median_pct']:.1f}% (worst {held['nearest']['worst_pct']:.0f}%), "
+                      f"one global factor {held['global']['median_pct']:.1f}% "
+                      f"(worst {held['global']['worst_pct']:.0f}%); the model uses {held['used']}")
 
 
 # --- whole iterations: predicted vs measured in `mosaic bench` results -------------------------
