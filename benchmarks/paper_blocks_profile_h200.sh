@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # PREPARED, NOT YET RUN. One H200, one device call (at most about 9.5 minutes), results under $1.
 # Unified-IO 2 `paper` has no measured surface (every module is predicted by the analytic
-# fallback: +9 to +13% at b8-b16) and neither has ImageBind's `paper` vision encoder. The
+# fallback: -1.5% to +3.6% at b4-b16 with the nearest-points calibration, +9 to +13% with one
+# mean factor) and neither has ImageBind's `paper` vision encoder. The
 # engine runs `paper` compiled by blocks (35 s of compiling where whole modules took 174 s),
 # so this profiles those kernels (`compile-default-blocks`), then benches Unified-IO 2
 # `paper` b8 with the new surfaces (megatron and mosaic; four plans' graph pools did not fit).
