@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# PREPARED, NOT YET RUN. One H200, one device call (about 5 minutes), results under $1.
+# Run 2026-12-01 (results/paper-1gpu-h200/, 342 s). One H200, one device call, results under $1.
 # The optimizer step is memory-bound and ran alone after every backward: about 8 of OFASys
 # `paper`'s 77 ms (trace in results/paper-1gpu-h200/). `--engine-variant optimizer_overlap=true`
 # steps each module's fused AdamW on the module's stream as soon as its backward ends, so the

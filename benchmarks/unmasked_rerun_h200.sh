@@ -1,5 +1,8 @@
 #!/usr/bin/env bash
-# PREPARED, NOT YET RUN. One H200, one device call (about 9 minutes), results under $1.
+# Run 2026-12-01 and stopped by its own limits: on a cold Inductor cache the profile needed
+# more than 170 s and every bench more than its limit (Qwen3-VL compiled for 61 s, OFASys for
+# 126 s). small_rerun_and_blocks_test_h200.sh reran OFASys b32 and Unified-IO 2 b8 with room.
+# One H200, one device call, results under $1.
 # The zoo's LLMs lost their mask tensors on 2026-12-01 (mosaic/zoo/common.py unpadded_sdpa):
 # their compiled `small` surfaces were measured again, but not the OFASys `paper` LLM's (its
 # rows are predicted with the analytic fallback), and the `small` bench rows of OFASys,
