@@ -189,7 +189,8 @@ class AnalyticCalibration:
 
     @classmethod
     def of(cls, points: Sequence[CalibrationPoint], nearest: bool = True) -> AnalyticCalibration:
-        a = np.array([[np.log(t), k, np.log(m / t)] for t, k, m in points]).reshape(-1, 3)
+        a = np.array([[np.log(t), k, np.log(m / t)] for t, k, m in points
+                      if t > 0 and m > 0]).reshape(-1, 3)  # a zero would make the log -inf
         return cls(a[:, 0], a[:, 1], a[:, 2], nearest)
 
     @classmethod
