@@ -194,6 +194,11 @@ def test_profile_without_cuda_is_refused_at_once(cli, tmp_path):
     nothing_written(tmp_path)
 
 
+def test_remeasure_without_update_is_refused(cli, tmp_path):
+    refused(cli("profile", "clip", "--remeasure", "--db", "p.sqlite"), "--remeasure", "--update")
+    nothing_written(tmp_path)
+
+
 # --- error classes ---------------------------------------------------------------------------
 def test_every_user_error_class_is_a_mosaic_error():
     from mosaic.cli import OptionError

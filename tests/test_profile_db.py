@@ -311,3 +311,31 @@ def test_a_module_profiled_again_with_new_facts_drops_its_old_points(tmp_path):
         db.add_module("imagebind", "small", next(m.spec for m in db.modules()
                                                    if m.signature == sig_t))  # same facts: kept
         assert {p.signature for p in db.points()} == {new_sig}
+
+
+def test_a_surface_measured_again_replaces_its_points_in_one_transaction(tmp_path):
+    """`mosaic profile --update --remeasure`: a module whose kernels changed without its cost
+    facts (the zoo's attention lost its mask tensors) is measured again, and its surface is
+    the new run's alone, never a mix."""
+    sig_v, sig_t, _ = _filled(tmp_path / "p.sqlite")
+    with ProfileDB.open(tmp_path / "p.sqlite", readonly=False) as db:
+        db.add_points([ModulePoint(signature=sig_t, per_gpu_batch=4, num_sms=64, time_s=0.004)])
+        new = [ModulePoint(signature=sig_v, per_gpu_batch=2, num_sms=32, time_s=0.007)]
+        db.replace_points(sig_v, new)
+        assert db.points(sig_v) == new and len(db.points(sig_t)) == 1  # the other module stays
+        with pytest.raises(ProfileDBError, match="another signature"):
+            db.replace_points(sig_v, [ModulePoint(signature=sig_t, per_gpu_batch=1, num_sms=8,
+                                                  time_s=1e-3)])
+        assert db.points(sig_v) == new
+
+
+def test_the_modules_to_measure_again_are_the_named_models_signatures(tmp_path):
+    from mosaic.profile.profiler import model_signatures
+    from mosaic.zoo import get_model
+
+    db = ProfileDB.create(tmp_path / "p.sqlite", hardware="h200", num_sms=132)
+    stored = {db.add_module("clip", "tiny", m, "compile-default")
+              for m in get_model("clip").graph("tiny").modules}
+    assert model_signatures(["clip"], "tiny", "compile-default") == stored
+    assert model_signatures(["clip"], "tiny", "eager").isdisjoint(stored)
+    db.close()

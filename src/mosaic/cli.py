@@ -800,11 +800,18 @@ def profile(
         "--update", help="add to the existing --db (keeping its modules, comm curves and "
         "fits) instead of replacing it; modules it already holds are skipped, and what a "
         "stopped run measured stays, so running again resumes")] = False,
+    remeasure: Annotated[bool, typer.Option(
+        "--remeasure", help="with --update: measure the named models' modules again even where "
+        "--db holds them (a change their cost facts do not show, such as other attention "
+        "kernels); each module's old points are replaced once its new surface is complete")] = False,
 ) -> None:
     """Measure scaling surfaces and colocations on this GPU into a ProfileDB (needs CUDA)."""
     from mosaic.files import atomic_path
     from mosaic.profile.profiler import ProfilerConfig, profile_models
 
+    if remeasure and not update:
+        _fail("--remeasure replaces modules' surfaces in an existing --db: add --update (without "
+              "it the DB is made anew and every module is measured anyway)")
     if update and not db.is_file():
         _fail(f"--update adds to an existing --db, and {db} does not exist; drop --update to "
               "create it")
@@ -816,7 +823,7 @@ def profile(
     config = ProfilerConfig(hardware=str(hardware), preset=str(preset), budget_s=budget_s,
                             kernels=str(kernels), **skip)
     if update:  # each module's points commit as one transaction: a stopped run keeps them
-        reports = profile_models(models_, str(db), config, update=True)
+        reports = profile_models(models_, str(db), config, update=True, remeasure=remeasure)
     else:
         with atomic_path(db) as tmp:  # the old DB stays until the new one is complete
             reports = profile_models(models_, str(tmp), config)

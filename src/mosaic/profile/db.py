@@ -407,6 +407,19 @@ class ProfileDB:
                     [(p.signature, p.per_gpu_batch, p.num_sms, p.time_s, p.spread, p.repeats,
                       p.phase) for p in points])
 
+    def replace_points(self, signature: str, points: list[ModulePoint]) -> None:
+        """A module's surface measured again: its old points go and the new ones come in one
+        transaction, so no surface is ever a mix of two runs, nor lost to a stopped one."""
+        if self.readonly:
+            raise ProfileDBError(f"{self.path} is open read-only; open it with readonly=False to write")
+        if any(p.signature != signature for p in points):
+            raise ProfileDBError(f"replace_points({signature!r}) got points of another signature")
+        with self.conn:
+            self.conn.execute("DELETE FROM module_points WHERE signature = ?", (signature,))
+            self.conn.executemany("INSERT INTO module_points VALUES (?, ?, ?, ?, ?, ?, ?)",
+                                  [(p.signature, p.per_gpu_batch, p.num_sms, p.time_s, p.spread,
+                                    p.repeats, p.phase) for p in points])
+
     def add_colocation(self, point: ColocPoint) -> None:
         works = json.dumps([asdict(w) for w in point.works])
         self._write("INSERT INTO colocations (model, preset, sharing, works_json, group_time_s,"

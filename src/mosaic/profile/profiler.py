@@ -39,6 +39,7 @@ from mosaic.profile.db import (
     ProfileDB,
     SignaturePoint,
     compile_of_kernels,
+    module_signature,
 )
 from mosaic.profile.graph_timing import (
     Antagonist,
@@ -232,10 +233,12 @@ class ModelProfiler:
         if eager:
             self.report.notes.append(f"{name}: {len(eager)} point(s) timed eagerly (capture "
                                      "failed), not stored")
-        self.db.add_points([ModulePoint(signature=sig, per_gpu_batch=b, num_sms=k,
-                                        time_s=t.median_s, spread=t.spread, repeats=t.repeats,
-                                        phase="coarse" if (b, k) in coarse else "refine")
-                            for (b, k), t in sorted(timings.items()) if (b, k) not in eager])
+        self.db.replace_points(sig, [ModulePoint(signature=sig, per_gpu_batch=b, num_sms=k,
+                                                 time_s=t.median_s, spread=t.spread,
+                                                 repeats=t.repeats,
+                                                 phase="coarse" if (b, k) in coarse else "refine")
+                                     for (b, k), t in sorted(timings.items())
+                                     if (b, k) not in eager])
         self.report.points += len(timings) - len(eager)
 
     # 2. bandwidth signatures --------------------------------------------------------------------
@@ -383,9 +386,11 @@ def _check_device(gpu: GPUSpec) -> None:
 
 
 def profile_models(models: Sequence[str], db_path: str, cfg: ProfilerConfig,
-                   log: Callable[[str], None] = print, *, update: bool = False) -> list[ModelReport]:
+                   log: Callable[[str], None] = print, *, update: bool = False,
+                   remeasure: bool = False) -> list[ModelReport]:
     """Profile `models` at cfg.preset into a new DB at `db_path` (`update`: add them to the
-    DB there, keeping its other modules, comm curves and fits); one report per model."""
+    DB there, keeping its other modules, comm curves and fits; `remeasure`: measure their
+    modules again even where it holds them); one report per model."""
     gpu = gpu_spec(cfg.hardware)
     _check_device(gpu)
     start = time.perf_counter()
@@ -406,6 +411,8 @@ def profile_models(models: Sequence[str], db_path: str, cfg: ProfilerConfig,
     copy_s = time_group([(antagonist, ant_stream)], cfg.timing).median_s
     # Signatures with points already: kept, not re-measured (--update resumes a stopped run).
     measured: set[str] = {p.signature for p in db.points()} if update else set()
+    if remeasure:
+        measured -= model_signatures(models, cfg.preset, cfg.kernels)
     if measured:
         log(f"kept: {len(measured)} module surfaces already in {db_path}")
     reports = []
@@ -426,6 +433,14 @@ def profile_models(models: Sequence[str], db_path: str, cfg: ProfilerConfig,
         bank.close()
         db.close()
     return reports
+
+
+def model_signatures(models: Sequence[str], preset: str, kernels: str) -> set[str]:
+    """The module signatures the zoo models have at `preset` with `kernels`."""
+    from mosaic.zoo import get_model
+
+    return {module_signature(m, kernels) for name in models
+            for m in get_model(name).graph(preset).modules}
 
 
 def _profile_one(name: str, cfg: ProfilerConfig, db: ProfileDB, bank: StreamBank,
