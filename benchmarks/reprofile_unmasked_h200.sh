@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# PREPARED, NOT YET RUN. One H200, one device call per few models, results under $1.
+#   bash benchmarks/reprofile_unmasked_h200.sh OUT clip imagebind
+# The compiled `small` surfaces of the zoo's transformers encoders were measured while
+# transformers still built all-true attention masks under compile (2026-12-01 removed them:
+# the audio encoder ran 1.055x faster unmasked); their cost facts did not change, so their
+# signatures did not either and `--update` alone would keep the old points. `--remeasure`
+# measures the named models' modules again and replaces each surface whole. About a minute
+# per module on a warm Inductor cache (CLIP 3 modules, ImageBind 4, Unified-IO 2 4, Qwen3-VL 3,
+# OFASys 8): two or three models fit one call. The budget stops a call in time; what it
+# measured stays (run the rest next call).
+set -u
+OUT=${1:?usage: reprofile_unmasked_h200.sh OUT MODEL...}; shift
+mkdir -p "$OUT" /tmp/logs
+export PYTHONPATH=src PYTHONUNBUFFERED=1
+DB=src/mosaic/profile/data/h200.sqlite
+cp "$DB" "$OUT/h200.sqlite"
+timeout 560 python -m mosaic profile "$@" --preset small --kernels compile-default \
+  --surfaces-only --update --remeasure --budget 520 --db "$OUT/h200.sqlite" \
+  > /tmp/logs/reprofile_unmasked.log 2>&1
+echo "profile rc=$?"; grep -E "^\[|points of|wrote" /tmp/logs/reprofile_unmasked.log | tail -n 12
+tar czf "$OUT/logs.tar.gz" -C /tmp logs
