@@ -110,3 +110,24 @@ def test_every_job_field_is_an_option_of_mosaic_train():
 
     train = typer.main.get_command(app).commands["train"]
     assert {param for param, _ in FIELDS.values()} <= {p.name for p in train.params}
+
+
+def test_bench_results_name_the_code_and_the_transformers_that_measured_them():
+    """A bench figure must be traceable to its code: the zoo's attention changed kernels on
+    2026-12-01 without changing any cost fact, and only the commit tells such runs apart."""
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    import transformers
+
+    from mosaic.engine.measure import environment as bench_environment
+
+    env = bench_environment()
+    assert env["transformers"] == transformers.__version__
+    checkout = Path(__file__).parents[1]
+    if shutil.which("git") is None or not (checkout / ".git").exists():
+        pytest.skip("not a git checkout")
+    head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                          cwd=checkout).stdout.strip()
+    assert env["git_sha"] == head

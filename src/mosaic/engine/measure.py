@@ -55,6 +55,7 @@ from mosaic.errors import MosaicError
 from mosaic.graph import MMGraph
 from mosaic.hardware import GPUSpec
 from mosaic.plan import Plan, plan_key
+from mosaic.provenance import git_sha, package_versions
 
 log = logging.getLogger(__name__)
 
@@ -649,6 +650,8 @@ def environment(device_name: str | None = None) -> dict[str, Any]:
         "num_sms": torch.cuda.get_device_properties(0).multi_processor_count if cuda else None,
         "torch": torch.__version__, "cuda": torch.version.cuda,
         "python": sys.version.split()[0],
+        "transformers": package_versions(("transformers",))["transformers"],
+        "git_sha": git_sha(),
     }
 
 

@@ -17,16 +17,14 @@ from __future__ import annotations
 
 import json
 import platform
-import subprocess
 import sys
 from dataclasses import replace
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from mosaic.files import OutputError, check_out_dir, write_text_atomic
+from mosaic.provenance import git_sha, package_versions
 
-PACKAGES = ("mosaic-mm", "torch", "transformers", "numpy", "scipy", "networkx")
 MEASURED_GPU_OFFSET = 1000
 """Chrome-trace pid of measured GPU g is g + this, so the two timelines sit side by side."""
 
@@ -42,14 +40,8 @@ def check_run_dir(path: Path, overwrite: bool = False, option: str = "--out") ->
 
 def environment(device: str = "cpu") -> dict[str, Any]:
     """Versions, git SHA (when run from a checkout), and the GPU (name, SM count) or 'cpu'."""
-    versions = {}
-    for name in PACKAGES:
-        try:
-            versions[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            versions[name] = None
     env: dict[str, Any] = {"python": platform.python_version(), "platform": platform.platform(),
-                           "packages": versions, "git_sha": _git_sha(), "argv": sys.argv,
+                           "packages": package_versions(), "git_sha": git_sha(), "argv": sys.argv,
                            "gpu": "cpu"}
     if device.startswith("cuda"):
         import torch
@@ -59,15 +51,6 @@ def environment(device: str = "cpu") -> dict[str, Any]:
                       "memory_bytes": props.total_memory, "cuda": torch.version.cuda,
                       "count": torch.cuda.device_count()}
     return env
-
-
-def _git_sha() -> str | None:
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                             timeout=5, cwd=Path(__file__).parent)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.stdout.strip() or None if out.returncode == 0 else None
 
 
 def _json(obj: Any) -> str:
