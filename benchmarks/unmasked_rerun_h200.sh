@@ -17,6 +17,7 @@ set -u
 OUT=${1:?usage: unmasked_rerun_h200.sh OUT}
 mkdir -p "$OUT" /tmp/logs
 export PYTHONPATH=src PYTHONUNBUFFERED=1
+source benchmarks/bench_small_rows.sh
 DB=src/mosaic/profile/data/h200.sqlite
 cp "$DB" "$OUT/h200.sqlite"
 timeout 170 python -m mosaic profile ofasys --preset paper --kernels compile-default \
@@ -25,12 +26,6 @@ timeout 170 python -m mosaic profile ofasys --preset paper --kernels compile-def
 echo "profile rc=$?"; grep -E "^\[|surface" /tmp/logs/profile_ofasys_paper.log | tail -n 4
 cp "$OUT/h200.sqlite" "$DB"
 # OFASys last: eight modules compiled twice took over 190 s on a cold Inductor cache.
-for row in qwen3-vl:32:85 unified-io-2:8:85 ofasys:32:210; do
-  IFS=: read -r model batch limit <<< "$row"; name=bench_${model}_small_1gpu_b${batch}
-  timeout "$limit" python -m mosaic bench "$model" --gpus 1 --preset small --batch "$batch" \
-    --perf-model profiled --user-programs torch-compile --rounds 3 --out "/tmp/$name" --json \
-    > "$OUT/$name.json" 2> "/tmp/logs/$name.err"
-  echo "$model b$batch rc=$?"; grep "^mosaic bench" "/tmp/logs/$name.err" | tail -n 2
-done
+bench_small_rows "$OUT" qwen3-vl:32:85 unified-io-2:8:85 ofasys:32:210
 tar czf "$OUT/logs.tar.gz" -C /tmp logs
 python3 benchmarks/bench_summary.py "$OUT"/bench_*.json
