@@ -8,7 +8,7 @@ is never measured slower than the best baseline), measure them all briefly in on
 per GPU with `measure_plans` (interleaved rounds, gradients checked), and keep the fastest.
 Every measurement is written to the ProfileDB `iterations` table, so the next engine-term
 refit (perf/engine_term.py) learns from every autotune run: the DB the model was loaded from
-when it is the user's own, else a copy of the shipped one in the run's folder
+when it is the user's own, else a copy of the shipped one under runs/
 (`record_db_for`), since the package's data is never written.
 
 `measure_plans` is collective: under torchrun every rank calls `autotune` together; the
