@@ -73,3 +73,25 @@ def test_compiled_profile_adds_compiled_surfaces_beside_the_eager_ones(tmp_path)
         assert {m.module for m in eager} == {m.module for m in compiled} == {"vision", "text", "align"}
         assert not {m.signature for m in eager} & {m.signature for m in compiled}
         assert all(db.points(m.signature) for m in compiled)
+
+
+def test_remeasure_replaces_the_named_models_surfaces_and_update_alone_keeps_them(tmp_path):
+    """`--update` skips modules the DB holds; `--update --remeasure` measures them again and
+    each surface is the new run's alone."""
+    from mosaic.profile.db import ProfileDB
+    from mosaic.profile.profiler import ProfilerConfig, profile_models
+
+    path = str(tmp_path / "p.sqlite")
+    fast = ProfilerConfig(preset="tiny", budget_s=60.0, antagonist=False, max_pairs=0,
+                          max_triples=0, refine_budget=0)
+    profile_models(["clip"], path, fast)
+    with ProfileDB.open(path) as db:
+        first = {p.signature: p for p in db.points()}
+    kept = profile_models(["clip"], path, fast, update=True)
+    assert kept[0].points == 0
+    again = profile_models(["clip"], path, fast, update=True, remeasure=True)
+    with ProfileDB.open(path) as db:
+        points = db.points()
+    assert again[0].points == len(points) > 0
+    assert {p.signature for p in points} == set(first)
+    assert any(p.time_s != first[p.signature].time_s for p in points)  # not the old rows
