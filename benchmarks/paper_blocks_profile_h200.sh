@@ -5,9 +5,10 @@
 # mean factor) and neither has ImageBind's `paper` vision encoder. The
 # engine runs `paper` compiled by blocks (35 s of compiling where whole modules took 174 s),
 # so this profiles those kernels (`compile-default-blocks`), then benches Unified-IO 2
-# `paper` at its preset batch 4 with the new surfaces (megatron and mosaic; four plans' graph
-# pools did not fit) and keeps mosaic's traced step: its MFU there was 21.8% (target 35%), and
-# the trace shows what bounds it.
+# `paper` at its preset batch 4 with the new surfaces, every planner, one plan at a time
+# (`--plans-at-once 1`: four plans' graph pools did not fit side by side; first GPU run of that
+# mode), and keeps mosaic's traced step: its MFU there was 21.8% (target 35%), and the trace
+# shows what bounds it.
 #  1. profile into OUT/h200.sqlite (a copy of the shipped DB; --update resumes a stopped run,
 #     so a second call finishes what the first's budget left), installed in this tree;
 #  2. the bench, whose predictions use the new surfaces (the gate re-predicts it on CPU too).
@@ -17,13 +18,13 @@ mkdir -p "$OUT" /tmp/logs
 export PYTHONPATH=src PYTHONUNBUFFERED=1
 DB=src/mosaic/profile/data/h200.sqlite
 cp "$DB" "$OUT/h200.sqlite"
-timeout 360 python -m mosaic profile unified-io-2 imagebind --preset paper \
-  --kernels compile-default-blocks --surfaces-only --update --budget 330 \
+timeout 320 python -m mosaic profile unified-io-2 imagebind --preset paper \
+  --kernels compile-default-blocks --surfaces-only --update --budget 290 \
   --db "$OUT/h200.sqlite" > /tmp/logs/profile_paper_blocks.log 2>&1
 echo "profile rc=$?"; grep -E "^\[|surface|kept" /tmp/logs/profile_paper_blocks.log | tail -n 6
 cp "$OUT/h200.sqlite" "$DB"
-timeout 190 python -m mosaic bench unified-io-2 --gpus 1 --preset paper \
-  --perf-model profiled --compile-scope blocks --planners megatron,mosaic --user-programs "" \
+timeout 240 python -m mosaic bench unified-io-2 --gpus 1 --preset paper --plans-at-once 1 \
+  --perf-model profiled --compile-scope blocks --user-programs "" \
   --rounds 3 --out /tmp/u2p --json > "$OUT/bench_unified-io-2_paper_1gpu_b4_blocks.json" \
   2> /tmp/logs/bench_u2p.err
 echo "unified-io-2 paper b4 rc=$?"; grep "^mosaic bench" /tmp/logs/bench_u2p.err | tail -n 2

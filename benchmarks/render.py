@@ -273,6 +273,8 @@ def _engine_text(report: dict[str, Any]) -> str:
     parts = [sync] if report["gpus"] > 1 else []
     if engine.get("grads_in_graph") and engine.get("graphs"):
         parts.append("grads in graph")
+    if report.get("checks", {}).get("plan_groups"):  # --plans-at-once: not interleaved
+        parts.append(f"plans in {len(report['checks']['plan_groups'])} groups")
     return "; ".join(parts) or "–"
 
 

@@ -48,6 +48,44 @@ def test_bench_measures_every_plan_and_reports_ratios(tmp_path):
         measurements[0].median_s / measurements[1].median_s)
 
 
+def test_plans_measured_in_groups_are_each_set_up_from_the_same_weights_and_released(monkeypatch):
+    """`--plans-at-once 1` (Unified-IO 2 `paper`: four plans' CUDA graph pools did not fit on
+    the H200 together): each plan is built afresh from the seed, checked, timed and closed
+    before the next; the user programs go with the last group."""
+    import mosaic.engine.measure as measure
+
+    model = get_model("clip")
+    graph = model.graph("tiny")
+    plans = _plans(graph)
+    plans = {"megatron": plans["megatron"], "distmm": replace(plans["megatron"], planner="distmm"),
+             "mosaic": plans["mosaic"]}
+    closed, built = [], []
+    close, setup = measure._close, measure._setup
+
+    def counting_setup(*args, **kwargs):
+        s = setup(*args, **kwargs)
+        built.append((list(s.contenders), [p.detach().clone() for p in s.params]))
+        return s
+
+    monkeypatch.setattr(measure, "_setup", counting_setup)
+    monkeypatch.setattr(measure, "_close", lambda cs: (closed.append(list(cs)), close(cs)))
+    config = BenchConfig(rounds=1, steps_per_round=2, warmup_steps=0, nvml_seconds=0,
+                         user_programs=("torch-eager",), plans_at_once=1)
+    measurements, checks = measure_plans(model, "tiny", graph, plans, H200, config)
+    assert [m.label for m in measurements] == ["megatron", "distmm", "mosaic", "torch-eager"]
+    assert measurements[1].same_plan_as == "megatron"  # identical plans still measured once
+    assert [labels for labels, _ in built] == [["megatron"], ["mosaic"]]  # user programs: later
+    assert closed == [["megatron"], ["mosaic", "torch-eager"]]
+    for a, b in zip(built[0][1], built[1][1], strict=True):  # each group starts from the seed
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    assert checks["plan_groups"] == [["megatron"], ["mosaic"]]
+    assert len(checks["gradient_groups"]) == 2 and checks["gradients"]["reference"] == "torch-eager"
+    assert all(m.step_times_s and m.grad_error for m in measurements)
+    assert any(p["phase"].startswith("group 2 of 2 (mosaic)") for p in checks["phases"])
+    with pytest.raises(BenchError, match="plans_at_once"):
+        BenchConfig(plans_at_once=0)
+
+
 def test_identical_plans_are_measured_once_and_reported_for_every_label():
     model = get_model("clip")
     graph = model.graph("tiny")
@@ -131,6 +169,14 @@ def test_bench_refuses_multi_gpu_plans_in_one_process():
         Stage(placements=(Placement(module="align", gpus=(0, 1)),))))
     with pytest.raises(BenchError, match="torchrun"):
         measure_plans(model, "tiny", graph, {"megatron": plan}, H200, BenchConfig())
+
+
+def test_plan_groups_under_torchrun_join_a_new_process_group_each(tmp_path):
+    """`--plans-at-once 1` on two gloo processes: every group starts and ends its own world."""
+    report, _ = bench_two_ranks("clip", tmp_path, "--plans-at-once", "1", "--planners",
+                                "megatron,mosaic", "--user-programs", "torch-eager")
+    assert [r["planner"] for r in report["results"]] == ["megatron", "mosaic", "torch-eager"]
+    assert report["checks"]["plan_groups"] == [["megatron"], ["mosaic"]]
 
 
 @pytest.mark.slow

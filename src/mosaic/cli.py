@@ -609,6 +609,11 @@ def bench(
     accumulation: Annotated[int, typer.Option(help="gradient-accumulation micro-steps per step")] = 1,
     user_programs: Annotated[str, typer.Option(help="the user's own programs to measure too: torch-eager,torch-compile (empty: none)")] = "torch-eager,torch-compile",
     user_rounds: Annotated[str, typer.Option(help="interleaved: user programs share the plans' timed rounds; apart: their own rounds after the plans'")] = "interleaved",
+    plans_at_once: Annotated[int | None, typer.Option(
+        "--plans-at-once", min=1, help="measure the plans in groups of N, each set up from the "
+        "same seed, timed and released before the next (user programs with the last): for "
+        "plans whose CUDA graphs do not fit on the GPU together; no interleaving across groups "
+        "(default: all at once)")] = None,
     engine_variants: Annotated[list[str] | None, typer.Option(
         "--engine-variant", help="also measure every data-parallel plan with these gradient-sync "
         "settings, in the same rounds (repeatable), e.g. grad_sync=bucketed or "
@@ -667,7 +672,8 @@ def bench(
                                              grad_sync=grad_sync, reduce_dtype=reduce_dtype,
                                              grads_in_graph=grads_in_graph,
                                              accumulation=accumulation),
-                         user_programs=users, user_rounds=user_rounds)
+                         user_programs=users, user_rounds=user_rounds,
+                         plans_at_once=plans_at_once)
     # Predicted for the engine that will run the plans (its kernels' surfaces, its term).
     perf = load_perf_model(str(perf_model), cluster, str(preset), profile_db,
                            engine=engine_kind(dataclasses.asdict(config.engine), gpus))

@@ -102,8 +102,15 @@ class BenchConfig:
     seed: int = 0
     nvml_seconds: float = 1.0
     """Seconds of extra steps per contender while NVML samples GPU utilisation (0: skip)."""
+    plans_at_once: int | None = None
+    """None: every plan set up, captured and timed side by side (interleaved rounds). N: the
+    plans in groups of N, each group built afresh from the same seed, measured, and released
+    before the next (the user programs go with the last group): for models whose plans' CUDA
+    graph pools do not fit on the GPU together, at the price of no interleaving across groups."""
 
     def __post_init__(self) -> None:
+        if self.plans_at_once is not None and self.plans_at_once < 1:
+            raise BenchError(f"plans_at_once={self.plans_at_once} must be >= 1 (or None: all)")
         for name in ("rounds", "steps_per_round"):
             if getattr(self, name) < 1:
                 raise BenchError(f"{name}={getattr(self, name)} must be >= 1")
@@ -528,15 +535,59 @@ def measure_plans(model, preset: str, graph: MMGraph, plans: dict[str, Plan], gp
                   config: BenchConfig | None = None,
                   engines: dict[str, EngineConfig] | None = None,
                   ) -> tuple[list[PlanMeasurement], dict[str, Any]]:
-    """Time every plan and user program on this machine's GPU (or CPU), interleaved; see the
-    module docstring. `engines` runs some labels on other gradient-sync settings than
-    `config.engine` (an A/B of those settings in one run). Returns the measurements and the
-    checks made (tolerances, compile)."""
+    """Time every plan and user program on this machine's GPU (or CPU), interleaved (in groups
+    with `config.plans_at_once`); see the module docstring. `engines` runs some labels on other
+    gradient-sync settings than `config.engine` (an A/B of those settings in one run). Returns
+    the measurements and the checks made (tolerances, compile)."""
     config = config or BenchConfig()
     engines = engines or {}
     variants = {label: _differences(config.engine, engine) for label, engine in engines.items()}
     plans, same = _distinct(plans, variants)
     progress = _Progress(time.perf_counter())
+    groups = _plan_groups(list(plans), config.plans_at_once)
+    results: list[PlanMeasurement] = []
+    checks: dict[str, Any] = {}
+    for i, labels in enumerate(groups):
+        last = i == len(groups) - 1
+        group_config = config if last else replace(config, user_programs=())
+        if len(groups) > 1:
+            progress.group = f"group {i + 1} of {len(groups)} ({', '.join(labels)})"
+            _release_memory()
+        measured, group_checks = _measure_group(
+            model, preset, graph, {label: plans[label] for label in labels}, gpu, group_config,
+            engines, variants, progress)
+        results += measured
+        checks.setdefault("compile", group_checks["compile"])
+        if "gradients" in group_checks:
+            checks.setdefault("gradient_groups", []).append(group_checks["gradients"])
+            checks["gradients"] = group_checks["gradients"]  # the last group's (user programs)
+    checks["phases"] = progress.phases
+    if len(groups) > 1:
+        checks["plan_groups"] = groups
+    return _with_twins(results, same, plans), checks
+
+
+def _plan_groups(labels: list[str], at_once: int | None) -> list[list[str]]:
+    """The plan labels measured together: all at once, or in runs of `at_once`."""
+    if not at_once or not labels:
+        return [labels]
+    return [labels[i:i + at_once] for i in range(0, len(labels), at_once)]
+
+
+def _release_memory() -> None:
+    """What the last group held (modules, CUDA graphs and their pools) goes back to the GPU."""
+    import gc
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def _measure_group(model, preset: str, graph: MMGraph, plans: dict[str, Plan], gpu: GPUSpec,
+                   config: BenchConfig, engines: dict[str, EngineConfig],
+                   variants: dict[str, dict[str, Any]], progress: _Progress,
+                   ) -> tuple[list[PlanMeasurement], dict[str, Any]]:
+    """One set-up of `plans` (and the user programs of `config`), measured side by side."""
     s = _setup(model, preset, graph, plans, gpu, config, engines)
     try:
         progress.say(s, f"{len(s.contenders)} plan(s) set up")
@@ -567,8 +618,7 @@ def measure_plans(model, preset: str, graph: MMGraph, plans: dict[str, Plan], gp
                 grad_error=errors.get(label, {}), startup_s=c.startup_s,
                 engine_variant=variants.get(label) or None))
         progress.say(s, "one traced step and GPU utilisation per plan recorded")
-        checks["phases"] = progress.phases
-        return _with_twins(results, same, plans), checks
+        return results, checks
     except torch.OutOfMemoryError as exc:
         raise out_of_memory(progress, len(s.contenders)) from exc
     finally:
@@ -584,8 +634,9 @@ def out_of_memory(progress: _Progress, contenders: int) -> BenchError:
     return BenchError(
         f"out of GPU memory after {where!r}, with {contenders} plan(s) and user program(s) "
         "measured side by side: each plan keeps its CUDA graphs and their memory for the "
-        "interleaved rounds. Measure fewer at once (--planners mosaic, or --plans DIR holding "
-        "one plan; --user-programs \"\"), or a smaller --batch")
+        "interleaved rounds. Measure them in groups (--plans-at-once 1: each plan set up, "
+        "timed and released in turn), or fewer (--planners mosaic; --user-programs \"\"), or "
+        "a smaller --batch")
 
 
 @dataclass(slots=True)
@@ -596,9 +647,12 @@ class _Progress:
 
     start: float
     phases: list[dict[str, Any]] = field(default_factory=list)
+    group: str = ""
+    """The plan group being measured (`plans_at_once`), named in each of its phases."""
 
     def say(self, s: _Setup, what: str) -> None:
         elapsed = time.perf_counter() - self.start
+        what = f"{self.group}: {what}" if self.group else what
         self.phases.append({"s": round(elapsed, 2), "phase": what})
         if s.dist.rank == 0:
             log.info("bench %6.1f s: %s", elapsed, what)
