@@ -51,7 +51,7 @@ def test_bench_measures_every_plan_and_reports_ratios(tmp_path):
 def test_plans_measured_in_groups_are_each_set_up_from_the_same_weights_and_released(monkeypatch):
     """`--plans-at-once 1` (Unified-IO 2 `paper`: four plans' CUDA graph pools did not fit on
     the H200 together): each plan is built afresh from the seed, checked, timed and closed
-    before the next; the user programs go with the last group."""
+    before the next; the user programs go with the first group, whose reference judges all."""
     import mosaic.engine.measure as measure
 
     model = get_model("clip")
@@ -75,11 +75,11 @@ def test_plans_measured_in_groups_are_each_set_up_from_the_same_weights_and_rele
     assert [m.label for m in measurements] == ["megatron", "distmm", "mosaic", "torch-eager"]
     assert measurements[1].same_plan_as == "megatron"  # identical plans still measured once
     assert [labels for labels, _ in built] == [["megatron"], ["mosaic"]]  # user programs: later
-    assert closed == [["megatron"], ["mosaic", "torch-eager"]]
+    assert closed == [["megatron", "torch-eager"], ["mosaic"]]
     for a, b in zip(built[0][1], built[1][1], strict=True):  # each group starts from the seed
         torch.testing.assert_close(a, b, rtol=0, atol=0)
     assert checks["plan_groups"] == [["megatron"], ["mosaic"]]
-    assert len(checks["gradient_groups"]) == 2 and checks["gradients"]["reference"] == "torch-eager"
+    assert [g["reference"] for g in checks["gradient_groups"]] == ["torch-eager"] * 2
     assert all(m.step_times_s and m.grad_error for m in measurements)
     assert any(p["phase"].startswith("group 2 of 2 (mosaic)") for p in checks["phases"])
     with pytest.raises(BenchError, match="plans_at_once"):
@@ -222,6 +222,33 @@ def test_a_plan_that_drops_a_modules_gradients_is_refused(monkeypatch):
                          user_programs=("torch-eager",))
     with pytest.raises(BenchError, match="'mosaic'.*gradient of module 'text'"):
         measure_plans(model, "tiny", graph, _plans(graph), H200, config)
+
+
+def test_a_broken_plan_measured_in_a_later_group_is_refused_against_the_first_groups_reference(
+        monkeypatch):
+    """Alone in its group (`--plans-at-once 1`), a plan would agree with itself: it is judged
+    against the first group's reference, kept on the host."""
+    from mosaic.engine.runner import PlanRunner
+
+    model = get_model("clip")
+    graph = model.graph("tiny")
+    real_step = PlanRunner.step
+
+    def drop_text_grads(self, data, **kwargs):
+        out = real_step(self, data, **kwargs)
+        if self.plan.planner == "mosaic":
+            for p in self.modules["text"].parameters():
+                p.grad = None
+        return out
+
+    monkeypatch.setattr(PlanRunner, "step", drop_text_grads)
+    plans = _plans(graph)
+    for user_programs in (("torch-eager",), ()):  # the reference: torch-eager, else megatron
+        config = BenchConfig(rounds=1, steps_per_round=1, warmup_steps=0, nvml_seconds=0,
+                             user_programs=user_programs, plans_at_once=1)
+        with pytest.raises(BenchError, match="'mosaic'.*gradient of module 'text'"):
+            measure_plans(model, "tiny", graph, {"megatron": plans["megatron"],
+                                                 "mosaic": plans["mosaic"]}, H200, config)
 
 
 def _clip_plan(planner: str, sharded: bool) -> Plan:

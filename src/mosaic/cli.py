@@ -611,7 +611,8 @@ def bench(
     user_rounds: Annotated[str, typer.Option(help="interleaved: user programs share the plans' timed rounds; apart: their own rounds after the plans'")] = "interleaved",
     plans_at_once: Annotated[int | None, typer.Option(
         "--plans-at-once", min=1, help="measure the plans in groups of N, each set up from the "
-        "same seed, timed and released before the next (user programs with the last): for "
+        "same seed, timed and released before the next (user programs with the first, whose "
+        "reference loss and gradients check every group): for "
         "plans whose CUDA graphs do not fit on the GPU together; no interleaving across groups "
         "(default: all at once)")] = None,
     engine_variants: Annotated[list[str] | None, typer.Option(

@@ -105,8 +105,9 @@ class BenchConfig:
     plans_at_once: int | None = None
     """None: every plan set up, captured and timed side by side (interleaved rounds). N: the
     plans in groups of N, each group built afresh from the same seed, measured, and released
-    before the next (the user programs go with the last group): for models whose plans' CUDA
-    graph pools do not fit on the GPU together, at the price of no interleaving across groups."""
+    before the next: for models whose plans' CUDA graph pools do not fit on the GPU together,
+    at the price of no interleaving across groups. The user programs go with the first group,
+    whose reference loss and gradients (kept on the host) judge every later group."""
 
     def __post_init__(self) -> None:
         if self.plans_at_once is not None and self.plans_at_once < 1:
@@ -173,6 +174,19 @@ class _Contender:
     """Its own modules, when the plans' shared ones cannot serve it (a plan that shards)."""
     optimizer: torch.optim.Optimizer | None = None
     """The optimizer of its own modules (else the shared one steps)."""
+
+
+@dataclass(slots=True)
+class _Reference:
+    """What groups of plans (`plans_at_once`) are all checked against: the first group's
+    reference loss and per-module gradients at the seed's weights, the gradients copied to the
+    host. A later group, set up afresh from the same seed, is judged against these numbers;
+    judged against its own first plan, a lone plan would always agree with itself."""
+    loss_label: str
+    loss: float
+    grad_label: str | None = None
+    grads: dict[str, torch.Tensor] = field(default_factory=dict)
+    grad_checks: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -368,8 +382,9 @@ def _losses(s: _Setup) -> dict[str, float]:
     return losses
 
 
-def _check_losses(when: str, losses: dict[str, float]) -> None:
-    first, ref = next(iter(losses.items()))
+def _check_losses(when: str, losses: dict[str, float], reference: _Reference | None = None) -> None:
+    first, ref = ((reference.loss_label, reference.loss) if reference is not None
+                  else next(iter(losses.items())))
     for label, value in losses.items():
         if not math.isfinite(value) or abs(value - ref) > LOSS_TOLERANCE * max(1.0, abs(ref)):
             raise BenchError(f"{when}: {label!r} gives loss {value:.5f} but {first!r} gives "
@@ -400,7 +415,7 @@ def _relative_errors(grads: dict[str, torch.Tensor], ref: dict[str, torch.Tensor
     for name in names:
         if name in grads and name in ref:
             norm = float(ref[name].norm())
-            diff = float((grads[name] - ref[name]).norm())
+            diff = float((grads[name] - ref[name].to(grads[name].device)).norm())
             local.append(diff / norm if norm > 0 else diff)
         else:
             local.append(-1.0)  # not held here: the MAX over ranks ignores it
@@ -408,19 +423,44 @@ def _relative_errors(grads: dict[str, torch.Tensor], ref: dict[str, torch.Tensor
     return {n: e for n, e in zip(names, worst, strict=True) if e >= 0}
 
 
-def _check_gradients(s: _Setup, names: list[str]) -> tuple[dict[str, dict[str, float]], dict]:
-    """Gradient error of every contender against the reference, and the tolerance used."""
+def _check_gradients(s: _Setup, names: list[str], stored: _Reference | None = None,
+                     ) -> tuple[dict[str, dict[str, float]], dict, dict[str, torch.Tensor]]:
+    """Gradient error of every contender against the reference (this group's, or the one an
+    earlier group `stored`), the checks made (reference, noise floor, tolerance, modules no
+    rank could compare), and the reference's gradients on this rank."""
     labels = list(s.contenders)
-    reference = "torch-eager" if "torch-eager" in labels else labels[0]
-    ref = _module_grads(s, s.contenders[reference])
+    if stored is not None and stored.grad_label is not None:
+        reference, ref = stored.grad_label, stored.grads
+    else:
+        reference = "torch-eager" if "torch-eager" in labels else labels[0]
+        ref = _module_grads(s, s.contenders[reference])
     errors = {label: _relative_errors(_module_grads(s, s.contenders[label]), ref, names, s.device)
               for label in labels}
+    checks = (dict(stored.grad_checks) if stored is not None and stored.grad_label is not None
+              else _gradient_tolerance(s, reference, errors))
+    unchecked = {label: sorted(set(names) - set(e)) for label, e in errors.items()
+                 if set(names) - set(e)}
+    if unchecked:  # a plan-only bench on several ranks: the reference plan held other modules
+        log.warning("gradients not compared (no rank held both): %s", unchecked)
+        checks["unchecked"] = unchecked
+    _refuse_differing(errors, reference, checks["tolerance"])
+    return errors, checks, ref
+
+
+def _gradient_tolerance(s: _Setup, reference: str, errors: dict[str, dict[str, float]]) -> dict:
+    """The tolerance: a multiple of the eager-vs-compiled difference measured in this run
+    (torch-compile against torch-eager), else of the difference assumed for these kernels."""
     floor = max(errors["torch-compile"].values(), default=0.0) if "torch-compile" in errors \
         else None
     assumed = (0.0 if s.device.type == "cpu" else
                COMPILED_NOISE_FLOOR if s.engine.compile else LOSS_TOLERANCE / GRAD_TOLERANCE_FACTOR)
     tolerance = min(GRAD_TOLERANCE_MAX, max(GRAD_TOLERANCE_MIN, GRAD_TOLERANCE_FACTOR
                                             * (assumed if floor is None else floor)))
+    return {"reference": reference, "noise_floor": floor, "tolerance": tolerance}
+
+
+def _refuse_differing(errors: dict[str, dict[str, float]], reference: str,
+                      tolerance: float) -> None:
     for label, per_module in errors.items():
         bad = {m: e for m, e in per_module.items() if not e <= tolerance}
         if bad:
@@ -428,7 +468,6 @@ def _check_gradients(s: _Setup, names: list[str]) -> tuple[dict[str, dict[str, f
             raise BenchError(f"{label!r}: the gradient of module {worst!r} differs from "
                              f"{reference!r}'s by {bad[worst]:.3g} (relative; tolerance "
                              f"{tolerance:.3g}) at the same weights; it computes something else")
-    return errors, {"reference": reference, "noise_floor": floor, "tolerance": tolerance}
 
 
 # --- timing ------------------------------------------------------------------------------------
@@ -547,20 +586,20 @@ def measure_plans(model, preset: str, graph: MMGraph, plans: dict[str, Plan], gp
     groups = _plan_groups(list(plans), config.plans_at_once)
     results: list[PlanMeasurement] = []
     checks: dict[str, Any] = {}
+    reference: _Reference | None = None
     for i, labels in enumerate(groups):
-        last = i == len(groups) - 1
-        group_config = config if last else replace(config, user_programs=())
+        group_config = config if i == 0 else replace(config, user_programs=())
         if len(groups) > 1:
             progress.group = f"group {i + 1} of {len(groups)} ({', '.join(labels)})"
             _release_memory()
-        measured, group_checks = _measure_group(
+        measured, group_checks, reference = _measure_group(
             model, preset, graph, {label: plans[label] for label in labels}, gpu, group_config,
-            engines, variants, progress)
+            engines, variants, progress, reference, keep_reference=len(groups) > 1)
         results += measured
         checks.setdefault("compile", group_checks["compile"])
         if "gradients" in group_checks:
             checks.setdefault("gradient_groups", []).append(group_checks["gradients"])
-            checks["gradients"] = group_checks["gradients"]  # the last group's (user programs)
+            checks.setdefault("gradients", group_checks["gradients"])  # the reference's group
     checks["phases"] = progress.phases
     if len(groups) > 1:
         checks["plan_groups"] = groups
@@ -586,12 +625,18 @@ def _release_memory() -> None:
 def _measure_group(model, preset: str, graph: MMGraph, plans: dict[str, Plan], gpu: GPUSpec,
                    config: BenchConfig, engines: dict[str, EngineConfig],
                    variants: dict[str, dict[str, Any]], progress: _Progress,
-                   ) -> tuple[list[PlanMeasurement], dict[str, Any]]:
-    """One set-up of `plans` (and the user programs of `config`), measured side by side."""
+                   reference: _Reference | None = None, keep_reference: bool = False,
+                   ) -> tuple[list[PlanMeasurement], dict[str, Any], _Reference | None]:
+    """One set-up of `plans` (and the user programs of `config`), measured side by side and
+    checked against `reference` (an earlier group's), else against this group's own, which it
+    returns, its gradients on the host, when `keep_reference` (later groups will need it)."""
     s = _setup(model, preset, graph, plans, gpu, config, engines)
     try:
         progress.say(s, f"{len(s.contenders)} plan(s) set up")
-        _check_losses("eager", _losses(s))
+        losses = _losses(s)
+        _check_losses("eager", losses, reference)
+        if reference is None and keep_reference:
+            reference = _Reference(*next(iter(losses.items())))
         progress.say(s, f"one eager step each (compiles the modules: "
                         f"{s.compiled.to_dict()['total_compile_s']:.0f} s)")
         for label, c in s.contenders.items():
@@ -604,9 +649,14 @@ def _measure_group(model, preset: str, graph: MMGraph, plans: dict[str, Plan], g
         checks: dict[str, Any] = {"compile": s.compiled.to_dict()}
         errors: dict[str, dict[str, float]] = {}
         if config.check_gradients:
-            errors, checks["gradients"] = _check_gradients(s, graph.names)
+            errors, checks["gradients"], ref_grads = _check_gradients(s, graph.names, reference)
+            if reference is not None and reference.grad_label is None:
+                reference.grad_label = checks["gradients"]["reference"]
+                reference.grad_checks = {key: checks["gradients"][key]
+                                         for key in ("reference", "noise_floor", "tolerance")}
+                reference.grads = {name: g.cpu() for name, g in ref_grads.items()}
             progress.say(s, "gradients checked (user programs compiled)")
-        _check_losses("after compile and CUDA-graph capture", _losses(s))
+        _check_losses("after compile and CUDA-graph capture", _losses(s), reference)
         times = _timed_rounds(s, config)
         progress.say(s, f"{config.rounds} timed round(s) done")
         results = []
@@ -618,7 +668,7 @@ def _measure_group(model, preset: str, graph: MMGraph, plans: dict[str, Plan], g
                 grad_error=errors.get(label, {}), startup_s=c.startup_s,
                 engine_variant=variants.get(label) or None))
         progress.say(s, "one traced step and GPU utilisation per plan recorded")
-        return results, checks
+        return results, checks, reference
     except torch.OutOfMemoryError as exc:
         raise out_of_memory(progress, len(s.contenders)) from exc
     finally:
