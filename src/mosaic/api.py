@@ -10,6 +10,7 @@ A user's own modules (docs/own-model.md, examples/clip_imu.py):
 
     graph = mosaic.graph_from_modules("mine", modules, edges, example_inputs, global_batch=64)
     result = mosaic.train(graph, modules, mosaic.plan(graph, gpus=2), data, lr=1e-3, steps=100)
+    run = mosaic.bench(graph, modules, data, gpus=1)    # is it faster than your own program?
 """
 
 from __future__ import annotations
@@ -25,13 +26,15 @@ from mosaic.plan import Plan
 if TYPE_CHECKING:
     from torch import nn
 
+    from mosaic.bench import BenchRun
     from mosaic.engine.checkpoint import CheckpointConfig
+    from mosaic.engine.measure import BenchConfig
     from mosaic.engine.session import EngineConfig
     from mosaic.engine.trainer import TrainResult
     from mosaic.perf.base import PerfModel
     from mosaic.user_model import DataSource
 
-__all__ = ["graph_from_modules", "plan", "plan_on_rank0", "train"]
+__all__ = ["bench", "graph_from_modules", "plan", "plan_on_rank0", "train"]
 
 
 def plan(graph: MMGraph, gpus: int = 1, hardware: str = "h200", planner: str = "mosaic",
@@ -96,3 +99,35 @@ def train(graph: MMGraph, modules: Mapping[str, nn.Module], plan: Plan | str,
         engine=engine or EngineConfig(), device=device, metrics_path=metrics_path,
         hardware=hardware, progress=progress, checkpoint=checkpoint, resume=resume)
     return run(config, model)
+
+
+def bench(graph: MMGraph, modules: Mapping[str, nn.Module], data: DataSource, *,
+          gpus: int = 1, planners: Sequence[str] = ("megatron", "distmm", "spindle", "mosaic"),
+          config: BenchConfig | None = None, plans: Mapping[str, Plan] | None = None,
+          hardware: str = "h200", perf_model: str = "auto",
+          profile_db: str | Path | None = None, seed: int = 0) -> BenchRun:
+    """`mosaic bench` on the user's `modules`: each planner's plan (or the given `plans`) and
+    the user's own program (eager, and torch.compile(mode="reduce-overhead") per module),
+    trained in one process from the same weights on `data`'s first global batch, gradients
+    checked equal, then timed in interleaved rounds. The modules are copied, never trained.
+
+    Returns a BenchRun: `.report` is the results JSON of `mosaic bench --json` (per plan:
+    median step, spread, MFU, predicted time; `mosaic_speedup_vs_torch_compile`);
+    `mosaic.report.bench_report.print_bench_table(run.report)` prints it. Under torchrun
+    every rank calls it with the same arguments. `config` (a `mosaic.engine.measure.
+    BenchConfig`): rounds, steps, user programs, engine; by default compiled modules and CUDA
+    graphs on a GPU, eager on a CPU (where it only checks that everything runs).
+    """
+    import torch
+
+    from mosaic.bench import run_bench
+    from mosaic.engine.measure import BenchConfig
+    from mosaic.engine.session import EngineConfig
+    from mosaic.user_model import UserModel
+
+    cuda = torch.cuda.is_available()
+    config = config or BenchConfig(engine=EngineConfig(graphs=cuda,
+                                                       compile="default" if cuda else None))
+    model = UserModel(graph, modules, data, seed=seed, fresh_copies=True)
+    return run_bench(model, graph, make_cluster(gpus, hardware), config, planners=planners,
+                     perf_model=perf_model, profile_db=profile_db, plans=plans)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import os
 import shutil
 import sqlite3
 import time
@@ -197,6 +198,19 @@ def autotune(model: Any, preset: str, graph: MMGraph, cluster: ClusterSpec, perf
         except (ProfileDBError, sqlite3.Error) as exc:  # the choice stands; only the record is lost
             warnings.warn(f"autotune: measurements not recorded in {db}: {exc}", stacklevel=2)
     return result
+
+
+def autotune_recorded(model: Any, preset: str, graph: MMGraph, cluster: ClusterSpec,
+                      perf: PerfModel, k: int, engine: EngineConfig, *, cpu: bool,
+                      ) -> tuple[AutotuneResult, Path | None]:
+    """`autotune` as `mosaic train` and `mosaic bench` run it: on a GPU the measurements go
+    to the profiled model's DB (the shipped one: a copy under runs/) for the next engine-term
+    refit, and the DB is returned; CPU timings would only pollute it (brief steps, no DB)."""
+    steps = {"steps_per_round": 1, "warmup_steps": 1} if cpu else {}
+    rank0 = int(os.environ.get("RANK", "0")) == 0
+    db = None if cpu or not rank0 else record_db_for(perf, cluster.gpu.name)
+    return autotune(model, preset, graph, cluster, perf,
+                    AutotuneConfig(k=k, engine=engine, **steps), db=db), db
 
 
 def record_db_for(perf: PerfModel, hardware: str, folder: str | Path = "runs") -> Path | None:

@@ -8,7 +8,6 @@ run while the command line is parsed.
 
 from __future__ import annotations
 
-import dataclasses
 import importlib
 import json
 import logging
@@ -470,6 +469,7 @@ def train(
                           "of them")
 
     from mosaic.api import plan_on_rank0
+    from mosaic.autotune import autotune_recorded
     from mosaic.data import check_dataset
     from mosaic.engine.checkpoint import CheckpointConfig
     from mosaic.engine.session import EngineConfig, end_distributed, start_distributed
@@ -491,8 +491,12 @@ def train(
         if plan_file is None and autotune:  # every rank measures: measure_plans is collective
             cluster = make_cluster(gpus or d.world_size, hardware)
             perf = load_perf_model(str(perf_model), cluster, str(preset), profile_db)
-            plan_obj = _autotune(get_model(model), str(preset), graph, cluster, perf, autotune,
-                                 engine, cpu=d.device.type == "cpu").plan
+            tuned, tuned_db = autotune_recorded(get_model(model), str(preset), graph, cluster,
+                                                perf, autotune, engine,
+                                                cpu=d.device.type == "cpu")
+            if d.rank == 0:
+                _say_autotuned(tuned, tuned_db)
+            plan_obj = tuned.plan
         elif plan_file is None:
             plan_obj = plan_on_rank0(graph, gpus or d.world_size, d.device, hardware=hardware,
                                      planner=planner or "mosaic", perf_model=str(perf_model),
@@ -641,20 +645,10 @@ def bench(
         _fail("mosaic bench measures on CUDA GPUs and this machine has none; run it on a GPU "
               "machine, or pass --cpu-smoke to check on CPU that it runs")
 
-    from mosaic.engine.comm import share_from_rank0
-    from mosaic.engine.measure import (
-        BenchConfig,
-        bench_report,
-        engine_variant,
-        measure_plans,
-        parse_variant,
-        variant_label,
-    )
-    from mosaic.engine.session import EngineConfig, end_distributed, start_distributed
+    from mosaic.bench import run_bench
+    from mosaic.engine.measure import BenchConfig, parse_variant
+    from mosaic.engine.session import EngineConfig
     from mosaic.hardware import make_cluster
-    from mosaic.perf.engine_term import engine_kind
-    from mosaic.plan import Plan
-    from mosaic.planners import plan_all
     from mosaic.report.bench_report import (
         print_bench_table,
         write_bench_json,
@@ -675,56 +669,25 @@ def bench(
                                              accumulation=accumulation),
                          user_programs=users, user_rounds=user_rounds,
                          plans_at_once=plans_at_once)
-    # Predicted for the engine that will run the plans (its kernels' surfaces, its term).
-    perf = load_perf_model(str(perf_model), cluster, str(preset), profile_db,
-                           engine=engine_kind(dataclasses.asdict(config.engine), gpus))
-
-    variants = [parse_variant(v) for v in engine_variants or []]
-    for settings in variants:  # refuse a bad variant before planning and set-up
-        engine_variant(config.engine, settings)
-
-    def make_plans() -> dict:
-        if plans_dir is None:
-            plans = {p.planner: p for p in plan_all(graph, cluster, perf, names)}
-        else:
-            plans = {k: perf.predict(p, graph)
-                     for k, p in load_plans(plans_dir, names, graph, cluster).items()}
-        plans |= _variant_plans(plans, variants, config.engine, str(perf_model), cluster,
-                                str(preset), graph, profile_db)
-        return {k: p.to_dict() for k, p in plans.items()}
-
-    d = start_distributed(None)
-    try:
-        plans = {k: Plan.from_dict(v) for k, v in share_from_rank0(make_plans, d.device).items()}
-        engines = {variant_label(k, s): engine_variant(config.engine, s)  # labels it added
-                   for s in variants for k in plans if variant_label(k, s) in plans}
-        tuned = _autotune(zoo_model, str(preset), graph, cluster, perf, autotune, config.engine,
-                          cpu=d.device.type == "cpu") if autotune else None
-        if tuned is not None:
-            plans["autotune"] = tuned.plan
-        _log_progress()
-        measurements, checks = measure_plans(zoo_model, preset, graph, plans, cluster.gpu, config,
-                                             engines)
-    finally:
-        end_distributed(d)
-    if d.rank != 0:
+    _log_progress()
+    run = run_bench(zoo_model, graph, cluster, config, preset=str(preset), planners=names,
+                    perf_model=str(perf_model), profile_db=profile_db,
+                    plans=(lambda: load_plans(plans_dir, names, graph, cluster))
+                    if plans_dir is not None else None,
+                    variants=[parse_variant(v) for v in engine_variants or []],
+                    autotune=autotune)
+    if int(os.environ.get("RANK", "0")) != 0:
         return
-    report = bench_report(graph, measurements, cluster.gpu, preset, gpus)
-    report["perf_model"] = perf.describe()
-    report["checks"] = checks
-    if tuned is not None:
-        report["autotune"] = tuned.to_dict()
-    report["engine"] = {"graphs": graphs, "compile": _compile_mode(compile_mode),
-                        "compile_scope": compile_scope, "grad_sync": grad_sync,
-                        "reduce_dtype": reduce_dtype, "grads_in_graph": grads_in_graph,
-                        "accumulation": accumulation}
+    if run.autotune is not None:
+        _say_autotuned(run.autotune, run.autotune_db)
+    report = run.report
     out = out or Path("runs") / f"bench-{graph.name}-{preset}-{gpus}"
     write_bench_json(report, out)
     if as_json:
         typer.echo(json.dumps(report, indent=2, default=str))
     else:
         print_bench_table(report)
-    write_bench_timelines(report, measurements, out)
+    write_bench_timelines(report, run.measurements, out)
 
 
 def _log_progress() -> None:
@@ -738,46 +701,14 @@ def _log_progress() -> None:
     logger.setLevel(logging.INFO)
 
 
-def _variant_plans(plans: dict, variants: list[dict], base, perf_model: str, cluster,
-                   preset: str, graph, profile_db: Path | None = None) -> dict:
-    """For each `--engine-variant`, every data-parallel plan again under its label
-    PLAN@SETTINGS, predicted for the engine kind it will run on."""
-    from mosaic.engine.measure import engine_variant, variant_applies, variant_label
-    from mosaic.perf.engine_term import engine_kind
-
-    added = {}
-    for settings in variants:
-        engine = engine_variant(base, settings)
-        model = load_perf_model(perf_model, cluster, preset, profile_db,
-                                engine=engine_kind(dataclasses.asdict(engine), cluster.num_gpus))
-        added |= {variant_label(k, settings): model.predict(p, graph)
-                  for k, p in plans.items() if variant_applies(p, settings)}
-    if variants and not added:
-        typer.echo("mosaic bench: these --engine-variant settings change gradient "
-                   "synchronisation, and no plan here is data-parallel: nothing to vary", err=True)
-    return added
-
-
-def _autotune(zoo_model, preset: str, graph, cluster, perf, k: int, engine, *, cpu: bool):
-    """Measured plan selection (mosaic/autotune.py). On a GPU the measurements are appended to
-    the profiled model's DB (the shipped one: to a copy under runs/) for the next engine-term
-    refit; CPU timings would only pollute it."""
-    from mosaic.autotune import AutotuneConfig, autotune, record_db_for
-
-    steps = {"steps_per_round": 1, "warmup_steps": 1} if cpu else {}
-    rank0 = int(os.environ.get("RANK", "0")) == 0
-    db = None if cpu or not rank0 else record_db_for(perf, cluster.gpu.name)
-    result = autotune(zoo_model, preset, graph, cluster, perf,
-                      AutotuneConfig(k=k, engine=engine, **steps), db=db)
-    if rank0:
-        typer.echo(f"autotune: chose {result.label!r} of {len(result.measurements)} measured plans "
-                   f"({result.measured_s * 1e3:.2f} ms vs best baseline "
-                   f"{result.best_baseline_s * 1e3:.2f} ms); start-up {result.startup_s:.1f} s",
-                   err=True)
-        if db is not None:
-            typer.echo(f"autotune: measurements recorded in {db} (plan with --profile-db {db}; "
-                       f"refit: mosaic model-error --fit-engine-term DIR --db {db})", err=True)
-    return result
+def _say_autotuned(result, db: Path | None) -> None:
+    typer.echo(f"autotune: chose {result.label!r} of {len(result.measurements)} measured plans "
+               f"({result.measured_s * 1e3:.2f} ms vs best baseline "
+               f"{result.best_baseline_s * 1e3:.2f} ms); start-up {result.startup_s:.1f} s",
+               err=True)
+    if db is not None:
+        typer.echo(f"autotune: measurements recorded in {db} (plan with --profile-db {db}; "
+                   f"refit: mosaic model-error --fit-engine-term DIR --db {db})", err=True)
 
 
 def _compile_mode(name: str) -> str | None:

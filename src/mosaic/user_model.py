@@ -215,7 +215,7 @@ class UserModel:
     """
 
     def __init__(self, graph: MMGraph, modules: Mapping[str, nn.Module], data: DataSource,
-                 seed: int = 0) -> None:
+                 seed: int = 0, *, fresh_copies: bool = False) -> None:
         missing = [n for n in graph.names if n not in modules]
         extra = [n for n in modules if n not in graph.names]
         if missing or extra:
@@ -230,6 +230,9 @@ class UserModel:
         self._modules = dict(modules)
         self._data = data
         self._seed = seed
+        self._fresh_copies = fresh_copies
+        """`build_modules` hands out deep copies of the modules as given (the bench: every set-up
+        starts from the same weights, and the user's modules stay untrained)."""
         self._iterator: Iterator[Mapping[str, Any]] | None = None
         self._calls = 0
         self._global: tuple[int, dict[str, tuple[Tensor, ...]]] | None = None
@@ -246,8 +249,10 @@ class UserModel:
                       seed: int = 0) -> dict[str, nn.Module]:
         del preset, seed  # the user built (and seeded) the modules
         wanted = set(self._graph.names if names is None else names)
-        return {n: self._modules[n].to(device=device, dtype=dtype or torch.float32).train()
-                for n in self._graph.names if n in wanted}
+        given = {n: copy.deepcopy(self._modules[n]) if self._fresh_copies else self._modules[n]
+                 for n in self._graph.names if n in wanted}
+        return {n: m.to(device=device, dtype=dtype or torch.float32).train()
+                for n, m in given.items()}
 
     def make_rows(self, preset: str, ranges: Mapping[str, tuple[int, int]] | None, *,
                   step: int, seed: int, global_batch: int) -> dict[str, tuple[Tensor, ...]]:
