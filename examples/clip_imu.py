@@ -2,6 +2,8 @@
 
     python examples/clip_imu.py            # CPU, one process, about half a minute
     torchrun --standalone --nproc-per-node 2 examples/clip_imu.py --gpus 2   # on 2 GPUs
+    python examples/clip_imu.py --bench    # instead of training: the plans against your own
+                                           # program (eager; on a GPU also torch.compile)
 
 * vision: `transformers.CLIPVisionModel` and text: `CLIPTextModel`, both from tiny configs
   (built offline, random weights: nothing is downloaded);
@@ -180,12 +182,28 @@ def zero_shot_accuracy(modules: dict[str, nn.Module], n: int = 200) -> float:
     return (image @ text.t()).argmax(dim=1).eq(digits).float().mean().item()
 
 
+def bench(graph, modules: dict[str, nn.Module], gpus: int, rank0: bool) -> None:
+    """Every planner's plan and the user's own program, timed in one process (on a CPU only
+    the eager program, in short rounds: it shows that everything runs, not what is faster)."""
+    from mosaic.engine.measure import BenchConfig
+    from mosaic.report.bench_report import print_bench_table
+
+    config = None if torch.cuda.is_available() else BenchConfig(
+        rounds=2, steps_per_round=2, warmup_steps=1, nvml_seconds=0,
+        user_programs=("torch-eager",))
+    run = mosaic.bench(graph, modules, batch, gpus=gpus, config=config)
+    if rank0:
+        print_bench_table(run.report)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--gpus", type=int, default=int(os.environ.get("WORLD_SIZE", "1")))
+    parser.add_argument("--bench", action="store_true",
+                        help="measure the plans against the same modules as a plain program")
     args = parser.parse_args()
     torch.set_num_threads(min(torch.get_num_threads(), 2))
     t0 = time.perf_counter()
@@ -203,6 +221,9 @@ def main() -> None:
             print(f"plan for {gpus} GPU(s): {p.planner}, predicted "
                   f"{p.predicted_iteration_s * 1e3:.2f} ms/iteration on the H200, "
                   f"{len(p.stages)} stage(s)")
+    if args.bench:
+        bench(graph, modules, args.gpus, rank0)
+        return
     plan = mosaic.plan(graph, gpus=args.gpus)
     if rank0:
         print(f"zero-shot accuracy before training: {zero_shot_accuracy(modules):.2f}")

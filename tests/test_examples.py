@@ -24,6 +24,17 @@ def test_clip_imu_example_trains():
     assert "zero-shot accuracy after training" in result.stdout
 
 
+@pytest.mark.slow
+def test_clip_imu_example_benches_its_plans_against_the_users_program():
+    result = subprocess.run([sys.executable, str(ROOT / "examples" / "clip_imu.py"), "--bench"],
+                            capture_output=True, text=True, timeout=280, cwd=ROOT)
+    assert result.returncode == 0, result.stderr[-3000:]
+    table = result.stdout[result.stdout.index("clip-imu (custom, batch 64)"):]
+    for label in ("megatron", "mosaic", "torch-eager"):
+        assert re.search(rf"{label} +│ +[\d.]+ ms", table), label
+    assert "loss" not in result.stdout  # benched, not trained
+
+
 def _makefile_demo_args() -> list[str]:
     """`make demo`'s CPU training run, as the Makefile writes it (DEMO_CPU = ...)."""
     line = re.search(r"^DEMO_CPU = (.+)$", (ROOT / "Makefile").read_text(), re.M)
