@@ -10,7 +10,7 @@ renderer; the prose around them is the author's. Renderers read only JSON and fo
 fixed rules, so the output is deterministic and a figure cannot drift from its data.
 
 Renderers: one-gpu-bench[:DIR], green-probe[:FILE], bench:DIR_OR_FILE, iteration-error[:DIR],
-scaling-sim[:DIR], variants:DIR, targets-1gpu.
+scaling-sim[:DIR], variants:DIR, targets-1gpu, profile-recipe[:DB].
 """
 
 from __future__ import annotations
@@ -502,6 +502,20 @@ def attention_ab(results: Path, arg: str | None) -> str:
     return table(["model", "module", "preset", "batch", "transformers SDPA (masked), ms",
                   "no mask, ms", "speedup", "max |output difference|",
                   "first step incl. compile, s (masked / no mask)"], rows)
+
+
+# --- the shipped profile's rebuild recipe (mosaic profile-recipe) -----------------------------
+
+@renderer("profile-recipe")
+def profile_recipe(results: Path, arg: str | None) -> str:
+    """`mosaic profile-recipe` on the shipped DB (or src/... path ARG): the commands that
+    rebuild it, read from what it holds."""
+    from mosaic.profile.db import default_db_path
+    from mosaic.profile.recipe import format_recipe, rebuild_recipe
+
+    db = ROOT / arg if arg else default_db_path("h200")
+    text = format_recipe(rebuild_recipe(db, "runs/profile.sqlite", results))
+    return "```sh\n" + text.replace(f"{ROOT}/", "") + "\n```"
 
 
 # --- simulated scaling (benchmarks/scaling_sim.py) --------------------------------------------

@@ -194,6 +194,15 @@ def test_profile_without_cuda_is_refused_at_once(cli, tmp_path):
     nothing_written(tmp_path)
 
 
+def test_profile_names_models_or_collectives_and_not_both(cli, tmp_path):
+    refused(cli("profile", "--db", "p.sqlite"), "name the zoo models", "--collectives")
+    refused(cli("profile", "clip", "--collectives", "--db", "p.sqlite"), "--collectives",
+            "drop clip")
+    _skip_with_cuda()
+    refused(cli("profile", "--collectives", "--db", "p.sqlite"), "CUDA", "torchrun")
+    nothing_written(tmp_path)
+
+
 def test_remeasure_without_update_is_refused(cli, tmp_path):
     refused(cli("profile", "clip", "--remeasure", "--db", "p.sqlite"), "--remeasure", "--update")
     nothing_written(tmp_path)

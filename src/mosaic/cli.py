@@ -85,8 +85,8 @@ def _model_or_graph(value: str) -> str:
     return _zoo_model(value)
 
 
-def _zoo_models(values: list[str]) -> list[str]:
-    return [_zoo_model(v) for v in values]
+def _zoo_models(values: list[str] | None) -> list[str]:
+    return [_zoo_model(v) for v in values or []]
 
 
 def _planner_names(value: str) -> list[str]:
@@ -722,8 +722,9 @@ def _compile_mode(name: str) -> str | None:
 
 @app.command()
 def profile(
-    models_: Annotated[list[str], typer.Argument(metavar="MODEL...", help="zoo models to profile",
-                                                 callback=_zoo_models)],
+    models_: Annotated[list[str] | None, typer.Argument(
+        metavar="[MODEL...]", help="zoo models to profile (none with --collectives)",
+        callback=_zoo_models)] = None,
     preset: Annotated[PresetName, typer.Option(help="size of the zoo models")] = PresetName.small,
     hardware: Annotated[HardwareName, typer.Option(help="the GPU this runs on",
                                                    case_sensitive=False)] = HardwareName.h200,
@@ -742,10 +743,22 @@ def profile(
         "--remeasure", help="with --update: measure the named models' modules again even where "
         "--db holds them (a change their cost facts do not show, such as other attention "
         "kernels); each module's old points are replaced once its new surface is complete")] = False,
+    collectives: Annotated[bool, typer.Option(
+        "--collectives", help="instead of modules: all-reduce, reduce-scatter, all-gather, "
+        "broadcast and p2p from 4 KiB to 1 GiB between the GPUs of this torchrun world "
+        "(`torchrun --nproc-per-node N -m mosaic profile --collectives`), added to --db")] = False,
 ) -> None:
-    """Measure scaling surfaces and colocations on this GPU into a ProfileDB (needs CUDA)."""
+    """Measure scaling surfaces and colocations on this GPU into a ProfileDB (needs CUDA);
+    `mosaic profile-recipe` prints the commands that rebuild the shipped one."""
     from mosaic.files import atomic_path
     from mosaic.profile.profiler import ProfilerConfig, profile_models
+
+    if collectives:
+        _profile_collectives(models_, db, hardware)
+        return
+    if not models_:
+        _fail("name the zoo models to profile (e.g. `mosaic profile clip imagebind`), or pass "
+              "--collectives under torchrun")
 
     if remeasure and not update:
         _fail("--remeasure replaces modules' surfaces in an existing --db: add --update (without "
@@ -775,6 +788,41 @@ def profile(
         typer.echo(f"interference fitted on {used} {kernels} colocations (held-out error: "
                    f"mosaic model-error --kernels {kernels} --db {db})")
     typer.echo(f"wrote {db}")
+
+
+def _profile_collectives(models: list[str], db: Path, hardware) -> None:
+    from mosaic.profile import collectives
+
+    if models:
+        _fail(f"--collectives measures the GPUs' links, not modules: drop {' '.join(models)}")
+    if not _has_cuda():
+        _fail("mosaic profile --collectives measures NCCL between CUDA GPUs and this machine has "
+              "none; run it under torchrun on the GPU machine")
+    code = collectives.main(["--db", str(db), "--hardware", str(hardware)])
+    if code:
+        raise typer.Exit(code)
+
+
+@app.command("profile-recipe")
+def profile_recipe(
+    db: Annotated[Path | None, typer.Option(help="ProfileDB to describe (default: the shipped "
+                                            "one for --hardware)")] = None,
+    hardware: Annotated[HardwareName, typer.Option(help="GPU kind of the shipped DB",
+                                                   case_sensitive=False)] = HardwareName.h200,
+    out: Annotated[str, typer.Option(help="the DB the commands write")] = "runs/profile.sqlite",
+    results: Annotated[Path, typer.Option(help="bench results the engine terms were fitted "
+                                          "on")] = Path("benchmarks/results"),
+) -> None:
+    """The commands that rebuild a ProfileDB from nothing (surfaces and colocations per
+    kernels and preset, collectives per GPU count, engine terms), read from what it holds;
+    on your own GPUs they make the same kind of DB for them."""
+    from mosaic.profile.db import default_db_path
+    from mosaic.profile.recipe import format_recipe, rebuild_recipe
+
+    path = db or default_db_path(str(hardware))
+    if not path.is_file():
+        _fail(f"--db {path} does not exist")
+    typer.echo(format_recipe(rebuild_recipe(path, out, results)))
 
 
 @app.command("model-error")

@@ -1,0 +1,151 @@
+"""The commands that rebuild a ProfileDB from nothing, read from what the DB holds.
+
+A DB grows over several runs (`mosaic profile --update` adds kernels, presets and models;
+collectives come from a torchrun launch; engine terms are refitted from bench results), and
+its meta keeps only the last run's settings per part. So the recipe is derived from the
+contents themselves: one `mosaic profile` per (kernels, preset), split where some models have
+colocations and others only surfaces; one collectives launch per GPU count measured; one
+engine-term refit per engine kind, naming the bench results it was fitted on. The
+interference fits need no command of their own: `mosaic profile` stores them whenever it
+measured colocations. Run on your own GPUs, the recipe gives the same kind of DB for them.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from mosaic.profile.db import TOPOLOGY_KEY, ProfileDB
+
+ENGINE_TERM_PREFIX = "engine_term."
+EAGER_SMALL = ("eager", "small")
+"""The first run: it creates the DB (and measured the colocations and signatures)."""
+
+
+@dataclass(frozen=True, slots=True)
+class RecipeStep:
+    command: str
+    what: str
+    """What the step put in the DB, with the counts it holds now."""
+    needs: str
+    """Where it runs: '1 GPU', 'N GPUs (torchrun)', or 'CPU' (a refit)."""
+
+
+def rebuild_recipe(db_path: str | Path, out: str = "runs/profile.sqlite",
+                   results: str | Path = "benchmarks/results") -> list[RecipeStep]:
+    """The steps that rebuild `db_path`'s contents into the DB `out`, in order; the engine
+    terms' bench results are looked up under `results` (named as recorded where absent)."""
+    with ProfileDB.open(db_path) as db:
+        steps = _profile_steps(db, out)
+        steps += _collective_steps(db, out)
+        steps += _engine_term_steps(db, out, Path(results))
+    return steps
+
+
+def _profile_steps(db: ProfileDB, out: str) -> list[RecipeStep]:
+    from mosaic.zoo import MODEL_NAMES
+
+    held: dict[tuple[str, str], dict[str, set[str]]] = {}
+    for record in db.modules():
+        held.setdefault((record.kernels, record.preset), {}).setdefault(
+            record.model, set()).add(record.signature)
+    points: dict[str, int] = {}
+    for point in db.points():
+        points[point.signature] = points.get(point.signature, 0) + 1
+    colocated = {(c.model, c.preset) for c in db.colocations()}
+    order = sorted(held, key=lambda key: (key != EAGER_SMALL, key[0] != "eager", key))
+    steps: list[RecipeStep] = []
+    for kernels, preset in order:
+        models = sorted(held[kernels, preset], key=MODEL_NAMES.index)
+        with_coloc = [m for m in models if kernels == "eager" and (m, preset) in colocated]
+        for group, surfaces_only in ((with_coloc, False),
+                                     ([m for m in models if m not in with_coloc], True)):
+            if not group:
+                continue
+            signatures = set().union(*(held[kernels, preset][m] for m in group))
+            budget = _budget(db, kernels, preset)
+            command = (f"mosaic profile {' '.join(group)} --preset {preset}"
+                       + ("" if kernels == "eager" else f" --kernels {kernels}")
+                       + (" --surfaces-only" if surfaces_only else "")
+                       + (f" --budget {budget:g}" if budget else "")
+                       + (" --update" if steps else "") + f" --db {shlex.quote(out)}")
+            count = sum(points.get(s, 0) for s in signatures)
+            what = (f"{kernels} `{preset}` surfaces of {len(signatures)} modules "
+                    f"({count} points)")
+            if not surfaces_only:
+                n = sum(1 for c in db.colocations() if c.model in group and c.preset == preset)
+                what += (f", {n} colocations and the interference fits, "
+                         f"{len(db.signatures())} bandwidth signature points")
+            steps.append(RecipeStep(command, what, "1 GPU"))
+    return steps
+
+
+def _budget(db: ProfileDB, kernels: str, preset: str) -> float | None:
+    """The --budget the part's last run used, where the DB recorded it."""
+    key = "config" if (kernels, preset) == EAGER_SMALL else f"profile.{kernels}.{preset}"
+    try:
+        return float(json.loads(db.meta[key])["budget_s"])
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def _collective_steps(db: ProfileDB, out: str) -> list[RecipeStep]:
+    measured: dict[int, set[str]] = {}
+    for point in db.comm():
+        if point.source == "measured":
+            measured.setdefault(point.num_gpus, set()).add(point.kind)
+    steps = []
+    for n, kinds in sorted(measured.items()):
+        topology: dict[str, Any] = db.topology().get(n, {})
+        device = topology.get("device", "GPU")
+        steps.append(RecipeStep(
+            f"torchrun --standalone --nproc-per-node {n} -m mosaic profile --collectives "
+            f"--db {shlex.quote(out)}",
+            f"measured {', '.join(sorted(kinds))} on {n} x {device} "
+            f"({sum(1 for p in db.comm() if p.num_gpus == n and p.source == 'measured')} "
+            f"points; topology in meta {TOPOLOGY_KEY}.{n})",
+            f"{n} GPUs (torchrun)"))
+    return steps
+
+
+def _engine_term_steps(db: ProfileDB, out: str, results: Path) -> list[RecipeStep]:
+    steps = []
+    for fit in db.fits():
+        if not fit.name.startswith(ENGINE_TERM_PREFIX):
+            continue
+        kind = fit.name.removeprefix(ENGINE_TERM_PREFIX)
+        files = _bench_files(fit.params.get("groups", []), results)
+        mape = f"{fit.mape:.1f}%" if fit.mape is not None else "not recorded"
+        steps.append(RecipeStep(
+            "mosaic model-error " + " ".join(f"--fit-engine-term {shlex.quote(f)}" for f in files)
+            + f" --engine-kind {kind} --db {shlex.quote(out)}",
+            f"the {kind} engine term: {fit.n_points} iterations of {len(files)} bench runs, "
+            f"held-out MAPE {mape}", "CPU"))
+    return steps
+
+
+def _bench_files(names: list[str], results: Path) -> list[str]:
+    """A fit's bench runs, recorded relative to the directory they were fitted from: the file
+    under `results` each names, a name found in several folders taken from the folder its
+    siblings came from; else the name as recorded."""
+    found = {name: ([results / name] if (results / name).is_file() else
+                    sorted(results.rglob(name)) if results.is_dir() else []) for name in names}
+    folders = {paths[0].parent for paths in found.values() if len(paths) == 1}
+    out = []
+    for name, paths in found.items():
+        if len(paths) > 1:
+            paths = [p for p in paths if p.parent in folders]
+        out.append(str(paths[0]) if len(paths) == 1 else name)
+    return out
+
+
+def format_recipe(steps: list[RecipeStep]) -> str:
+    """The steps as a shell script: each command under a comment saying what it adds."""
+    lines = []
+    for i, step in enumerate(steps, 1):
+        lines.append(f"# {i}. [{step.needs}] {step.what}")
+        lines.append(step.command)
+    return "\n".join(lines)
