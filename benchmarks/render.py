@@ -10,7 +10,8 @@ renderer; the prose around them is the author's. Renderers read only JSON and fo
 fixed rules, so the output is deterministic and a figure cannot drift from its data.
 
 Renderers: one-gpu-bench[:DIR], green-probe[:FILE], bench:DIR_OR_FILE, iteration-error[:DIR],
-scaling-sim[:DIR], variants:DIR, targets-1gpu, profile-recipe[:DB].
+scaling-sim[:DIR], variants:DIR, targets-1gpu, profile-recipe[:DB],
+step-fit:FILE,FILE[,...].
 """
 
 from __future__ import annotations
@@ -480,6 +481,36 @@ def iteration_error_table(dir_or_files: str | Path | Iterable[str | Path],
 @renderer("iteration-error")
 def iteration_error_block(results: Path, arg: str | None) -> str:
     return iteration_error_table(arg or ".", results)
+
+
+# --- the batch-independent part of a step (what bounds MFU at a small batch) ---------------
+
+@renderer("step-fit")
+def step_fit(results: Path, arg: str | None) -> str:
+    """mosaic's step time at several batches of one model (comma-separated results files),
+    fitted as fixed + per-sample time by least squares: the fixed part is what a larger
+    batch amortises, and it caps the MFU of the smallest batch."""
+    import numpy as np
+
+    files = [f.strip() for f in (arg or "").split(",") if f.strip()]
+    if len(files) < 2:
+        raise RenderError("step-fit needs two or more results files: render:step-fit:A,B[,C]")
+    reports = [load(results / f) for f in files]
+    points = sorted((r["global_batch"], by_planner(r)["mosaic"]["measured_iteration_s"],
+                     r["model_tflop_per_iteration"] / r["global_batch"], f)
+                    for r, f in zip(reports, files, strict=True))
+    batch = np.array([p[0] for p in points], dtype=float)
+    step = np.array([p[1] for p in points])
+    (fixed, per_sample), *_ = np.linalg.lstsq(np.vstack([np.ones_like(batch), batch]).T, step,
+                                              rcond=None)
+    rows = [[f, str(b), ms(t), ms(fixed + per_sample * b),
+             pct(fixed / (fixed + per_sample * b), signed=False),
+             pct(tf * b / t / PEAK_TFLOPS, signed=False)] for b, t, tf, f in points]
+    marginal = points[0][2] / per_sample / PEAK_TFLOPS
+    return (table(["result", "batch", "mosaic, ms", "fit, ms", "fixed part of the step",
+                   f"MFU (of {PEAK_TFLOPS:.0f} TF/s)"], rows)
+            + f"\n\nFit: **{ms(fixed)} ms fixed + {ms(per_sample)} ms per sample**; the "
+            f"per-sample part runs at {pct(marginal, signed=False)} of the peak.")
 
 
 # --- attention with and without mask tensors (benchmarks/attention_mask_ab.py) -----------------

@@ -131,3 +131,19 @@ def test_bench_results_name_the_code_and_the_transformers_that_measured_them():
     head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
                           cwd=checkout).stdout.strip()
     assert env["git_sha"] == head
+
+
+def test_measured_bars_stack_but_the_trace_keeps_each_plans_sm_share():
+    """Bars that overlap on a GPU are stacked in the Gantt chart; the Chrome trace still says
+    the share the plan gave (a stacked height had been reported as the module's SM share)."""
+    from mosaic.report.bench_report import measured_events
+    from mosaic.report.timeline import chrome_trace
+
+    timeline = [{"module": m, "stage": 0, "gpu": 0, "start_s": start, "end_s": start + 2e-3,
+                 "sm_share": share, "phase": "fwd"}
+                for m, start, share in (("llm", 0.0, 1.0), ("video", 1e-3, 0.25))]
+    events = measured_events(timeline)
+    assert [(e.module, e.lane, e.height) for e in events] == [("llm", 0.0, 1.0),
+                                                              ("video", 0.999, 0.05)]
+    shares = [t["args"]["sm_share"] for t in chrome_trace(events)["traceEvents"]]
+    assert shares == [1.0, 0.25]

@@ -825,6 +825,29 @@ def profile_recipe(
     typer.echo(format_recipe(rebuild_recipe(path, out, results)))
 
 
+@app.command("kernel-time")
+def kernel_time_command(
+    trace: Annotated[Path, typer.Argument(help="torch.profiler Chrome trace (.json or .json.gz; "
+                                          "`mosaic train --torch-trace DIR` writes one per rank)")],
+    steps: Annotated[int, typer.Option(min=1, help="steps the trace covers (times per step)")] = 1,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """Where a traced step's GPU time goes: span, busy and idle time per GPU, and the kernels by
+    class (GEMMs, attention, optimizer, copies, fused Triton, elementwise, collectives)."""
+    from mosaic.report.kernel_time import format_kernel_time, kernel_time, load_trace
+
+    try:
+        summary = kernel_time(load_trace(trace), steps)
+    except (OSError, ValueError) as exc:
+        _fail(f"cannot read the trace {trace}: {exc}")
+    if as_json:
+        typer.echo(json.dumps(summary, indent=2))
+    elif not summary["devices"]:
+        typer.echo(f"{trace}: no GPU kernels (a CPU run, or a trace without CUDA activity)")
+    else:
+        typer.echo(format_kernel_time(summary))
+
+
 @app.command("model-error")
 def model_error(
     db: Annotated[Path | None, typer.Option(help="ProfileDB (default: the shipped one)")] = None,

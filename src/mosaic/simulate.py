@@ -75,8 +75,9 @@ class _Sim:
         self._group_cache: dict[tuple, float] = {}
 
     def emit(self, name: str, stage: int, gpu: int, start: float, end: float, share: float,
-             phase: str, lane: float = 0.0) -> None:
-        self.out.events.append(TimelineEvent(name, stage, gpu, start, end, share, lane, phase))
+             phase: str, lane: float = 0.0, bar: float | None = None) -> None:
+        self.out.events.append(TimelineEvent(name, stage, gpu, start, end, share, lane, phase,
+                                             bar))
         busy = self.out.compute_busy_s if phase == COMPUTE else self.out.comm_busy_s
         busy[gpu] = busy.get(gpu, 0.0) + (end - start)
 
@@ -101,11 +102,12 @@ class _Sim:
         group = self.group_s(works, sharing)
         lane = 0.0
         for w in works:
-            share = w.sm_share if sharing in ("partition", "cap") else 1.0 / len(works)
+            bar = w.sm_share if sharing in ("partition", "cap") else 1.0 / len(works)
             alone = perf.work_time_s(w, 1.0 if sharing == "free" else w.sm_share)
             duration = group if sharing == "partition" else min(group, alone)
-            self.emit(w.module.name, stage, gpu, t0, t0 + duration, share, COMPUTE, lane)
-            lane = min(1.0, lane + share)
+            self.emit(w.module.name, stage, gpu, t0, t0 + duration, w.sm_share, COMPUTE, lane,
+                      bar)
+            lane = min(1.0, lane + bar)
         return t0 + group
 
     def stage(self, index: int, t0: float, overlap: bool) -> float:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -23,14 +24,14 @@ def measured_events(timeline: list[dict]) -> list[TimelineEvent]:
 
 
 def _lanes(events: list[TimelineEvent]) -> list[TimelineEvent]:
-    """Stack bars that overlap in time on one GPU so none hides another."""
+    """Stack bars that overlap in time on one GPU so none hides another (their heights; each
+    event keeps its plan's SM share)."""
     placed: list[TimelineEvent] = []
     for e in sorted(events, key=lambda e: (e.gpu, e.start_s)):
         busy = [p for p in placed if p.gpu == e.gpu and p.start_s < e.end_s and e.start_s < p.end_s]
         share = e.sm_share if not busy else min(e.sm_share, 1.0 / (len(busy) + 1))
-        lane = min(0.999, sum(p.sm_share for p in busy)) if busy else 0.0
-        placed.append(TimelineEvent(e.module, e.stage, e.gpu, e.start_s, e.end_s,
-                                    max(0.05, min(share, 1.0 - lane)), lane, e.phase))
+        lane = min(0.999, sum(p.height for p in busy)) if busy else 0.0
+        placed.append(dataclasses.replace(e, lane=lane, bar=max(0.05, min(share, 1.0 - lane))))
     return placed
 
 

@@ -27,6 +27,13 @@ class TimelineEvent:
     lane: float = 0.0
     """Vertical offset inside the GPU's row (0..1), so concurrent bars do not hide each other."""
     phase: str = "fwd+bwd"
+    bar: float | None = None
+    """The bar's height in the Gantt chart where it is not `sm_share` (bars that share a GPU
+    without quotas, stacked); the Chrome trace reports the plan's `sm_share`."""
+
+    @property
+    def height(self) -> float:
+        return self.sm_share if self.bar is None else self.bar
 
 
 ALL_REDUCE = "(gradient all-reduce)"
@@ -65,11 +72,12 @@ def _gpu_events(stage: int, gpu: int, works, sharing: str, t0: float, perf: Perf
     group_s = perf.colocated_time_s(works, sharing)
     lane = 0.0
     for w in works:
-        share = w.sm_share if sharing in ("partition", "cap") else 1.0 / len(works)
+        bar = w.sm_share if sharing in ("partition", "cap") else 1.0 / len(works)
         alone = perf.work_time_s(w, w.sm_share if sharing != "free" else 1.0)
         duration = min(group_s, alone) if sharing != "partition" else group_s
-        yield TimelineEvent(w.module.name, stage, gpu, t0, t0 + duration, share, lane)
-        lane = min(1.0, lane + share)
+        yield TimelineEvent(w.module.name, stage, gpu, t0, t0 + duration, w.sm_share, lane,
+                            bar=bar)
+        lane = min(1.0, lane + bar)
 
 
 def plot_timeline(events: list[TimelineEvent], path: str | Path, title: str) -> Path:
@@ -96,10 +104,10 @@ def plot_timeline(events: list[TimelineEvent], path: str | Path, title: str) -> 
     ax = fig.subplots()
     for e in events:
         y = e.gpu + e.lane * 0.9
-        ax.broken_barh([(e.start_s * 1e3, (e.end_s - e.start_s) * 1e3)], (y, e.sm_share * 0.9),
+        ax.broken_barh([(e.start_s * 1e3, (e.end_s - e.start_s) * 1e3)], (y, e.height * 0.9),
                        facecolors=colours[e.module], edgecolor="black", linewidth=0.3)
     ax.set_yticks([g + 0.45 for g in gpus], [f"GPU {g}" for g in gpus])
-    ax.set_xlabel("time in one iteration (ms); bar height = SM share")
+    ax.set_xlabel("time in one iteration (ms); bar height = SM share (stacked where shared)")
     ax.set_title(title)
     ax.invert_yaxis()
     handles = [Rectangle((0, 0), 1, 1, color=colours[n]) for n in names]

@@ -1,0 +1,110 @@
+"""Where a traced step's GPU time goes: a torch.profiler Chrome trace, its kernels by class.
+
+`mosaic train --torch-trace DIR` writes the trace of its last steps and this summary beside it
+(`kernel-time-rank<r>.json`); `mosaic kernel-time TRACE` prints it for any torch.profiler trace.
+Per GPU: the span from the first kernel's start to the last one's end, the time some kernel
+ran (the union of their intervals: streams that overlap count once), the idle rest, and the
+kernel time over busy time (above 1: kernels of several streams ran at once, as colocated
+modules do). Per class of kernel, by name: GEMMs, attention, the optimizer's multi-tensor
+kernels, copies and casts, Inductor's fused Triton kernels, other elementwise kernels,
+collectives. Memory-bound classes (optimizer, copies, elementwise) against GEMMs and
+attention say whether a step is bound by FLOPs or by bytes.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+KERNEL_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
+"""torch.profiler's Chrome-trace categories of work on the GPU."""
+KERNEL_CLASSES: tuple[tuple[str, str], ...] = (
+    ("collective", r"nccl"),
+    ("attention", r"flash|fmha|attention|attn|sdpa"),
+    ("gemm", r"gemm|cutlass|xmma|nvjet|cublas|matmul|wgmma|sm90_|sm80_"),
+    ("optimizer", r"multi_tensor|adam|sgd"),
+    ("copy/cast", r"memcpy|memset|copy|cast|convert"),
+    ("triton (fused)", r"^triton"),
+    ("elementwise/reduce", r"elementwise|vectorized|reduce|unrolled|fill|where|index"),
+)
+"""First match wins, case-insensitive; anything else is `other`."""
+TOP_KERNELS = 15
+
+
+def kernel_class(name: str) -> str:
+    for label, pattern in KERNEL_CLASSES:
+        if re.search(pattern, name, re.IGNORECASE):
+            return label
+    return "other"
+
+
+def load_trace(path: str | Path) -> dict[str, Any]:
+    """A Chrome trace, plain or gzipped (torch.profiler's export_chrome_trace writes both)."""
+    path = Path(path)
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt") as f:
+        return json.load(f)
+
+
+def kernel_time(trace: dict[str, Any], steps: int = 1) -> dict[str, Any]:
+    """The summary of `trace` (see the module docstring), times in ms per step."""
+    kernels = [e for e in trace.get("traceEvents", [])
+               if e.get("ph") == "X" and e.get("cat") in KERNEL_CATEGORIES and e.get("dur")]
+    devices: dict[int, list[dict[str, Any]]] = {}
+    for e in kernels:
+        devices.setdefault(int(e.get("args", {}).get("device", e.get("pid", 0))), []).append(e)
+    return {"steps": steps,
+            "devices": {str(d): _device_summary(events, steps) for d, events in sorted(devices.items())}}
+
+
+def _device_summary(events: list[dict[str, Any]], steps: int) -> dict[str, Any]:
+    per_step = 1e-3 / steps  # trace times are microseconds
+    start = min(e["ts"] for e in events)
+    span = max(e["ts"] + e["dur"] for e in events) - start
+    busy = _union_length([(e["ts"], e["ts"] + e["dur"]) for e in events])
+    total = sum(e["dur"] for e in events)
+    classes: dict[str, dict[str, float]] = {}
+    names: dict[str, list[float]] = {}
+    for e in events:
+        entry = classes.setdefault(kernel_class(e["name"]), {"ms": 0.0, "count": 0})
+        entry["ms"] += e["dur"] * per_step
+        entry["count"] += 1 / steps
+        names.setdefault(e["name"], []).append(e["dur"])
+    for entry in classes.values():
+        entry["share_of_kernel_time"] = entry["ms"] / (total * per_step)
+    top = sorted(names.items(), key=lambda item: -sum(item[1]))[:TOP_KERNELS]
+    return {"span_ms": span * per_step, "busy_ms": busy * per_step,
+            "idle_ms": (span - busy) * per_step, "kernel_ms": total * per_step,
+            "concurrency": total / busy if busy else 0.0,
+            "classes": dict(sorted(classes.items(), key=lambda item: -item[1]["ms"])),
+            "top_kernels": [{"name": name, "class": kernel_class(name),
+                             "ms": sum(durs) * per_step, "count": len(durs) / steps}
+                            for name, durs in top]}
+
+
+def _union_length(intervals: list[tuple[float, float]]) -> float:
+    covered, reach = 0.0, float("-inf")
+    for begin, end in sorted(intervals):
+        if end <= reach:
+            continue
+        covered += end - max(begin, reach)
+        reach = end
+    return covered
+
+
+def format_kernel_time(summary: dict[str, Any]) -> str:
+    """A few plain-text lines per GPU: span, busy, idle, then each class's share."""
+    lines = []
+    for device, s in summary["devices"].items():
+        lines.append(f"GPU {device}, per step: span {s['span_ms']:.2f} ms, busy "
+                     f"{s['busy_ms']:.2f} ms, idle {s['idle_ms']:.2f} ms, kernel time "
+                     f"{s['kernel_ms']:.2f} ms ({s['concurrency']:.2f}x overlap)")
+        for label, c in s["classes"].items():
+            lines.append(f"  {label:20s} {c['ms']:8.2f} ms  {c['share_of_kernel_time']:6.1%}  "
+                         f"{c['count']:8.1f} kernels")
+        for k in s["top_kernels"][:5]:
+            lines.append(f"    {k['ms']:7.2f} ms  {k['class']:18s} {k['name'][:90]}")
+    return "\n".join(lines)
