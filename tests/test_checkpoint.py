@@ -412,6 +412,38 @@ def test_corrupt_checkpoint_raises_a_clear_error(tmp_path, name):
     assert not (folder / "pwned").exists()
 
 
+@pytest.mark.parametrize("name", sorted(CORRUPTIONS))
+def test_resume_passes_over_a_corrupt_latest_checkpoint_to_the_one_before(tmp_path, name):
+    """A checkpoint spoiled after it was published (a shard truncated or zeroed, its index or
+    record broken): resuming takes the newest one that loads, and says which it passed over."""
+    corrupt, _ = CORRUPTIONS[name]
+    modules, opt = _linear_job()
+    _step(modules, opt)
+    save_checkpoint(tmp_path, 1, modules, opt)
+    at_step_1 = flat_state(modules, opt)
+    _step(modules, opt)
+    corrupt(save_checkpoint(tmp_path, 2, modules, opt))
+    fresh, fresh_opt = _linear_job(seed=1)
+    (step, _, _), passed_over = ck.load_newest_loadable(tmp_path, fresh, fresh_opt)
+    assert step == 1 and len(passed_over) == 1 and "step-000002" in passed_over[0]
+    assert_bitwise(flat_state(fresh, fresh_opt), at_step_1)
+    (tmp_path / "step-000001" / "checkpoint.json").write_text("{")  # now none loads
+    with pytest.raises(CheckpointError, match="step-000001"):
+        ck.load_newest_loadable(tmp_path, *_linear_job(seed=2))
+
+
+def test_resume_respects_latest_and_never_takes_a_newer_checkpoint(tmp_path):
+    """`latest` rolled back by hand to step 1: step 2 is not a candidate."""
+    modules, opt = _linear_job()
+    for step in (1, 2):
+        _step(modules, opt)
+        save_checkpoint(tmp_path, step, modules, opt)
+    (tmp_path / "latest").write_text("step-000001")
+    fresh, fresh_opt = _linear_job(seed=1)
+    (step, _, _), passed_over = ck.load_newest_loadable(tmp_path, fresh, fresh_opt)
+    assert (step, passed_over) == (1, [])
+
+
 def test_missing_or_empty_directory_raises_a_clear_error(tmp_path):
     modules, opt = _linear_job()
     with pytest.raises(CheckpointError, match="does not exist; drop --resume") as info:

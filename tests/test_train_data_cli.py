@@ -74,3 +74,22 @@ def test_torch_trace_covers_the_last_steps_of_every_rank(tmp_path):
     assert "last 3 steps" in table and "aten::" in table
     summary = json.loads((tmp_path / "kernel-time-rank0.json").read_text())
     assert summary == {"steps": 3, "devices": {}}  # a CPU run launches no GPU kernels
+
+
+def test_a_run_resumes_from_the_checkpoint_before_a_corrupt_latest_one(tmp_path, capsys):
+    from mosaic.engine.checkpoint import CheckpointConfig
+
+    model = ToyModel("toyclip")
+    plan = one_gpu_plans(model.graph("tiny"))["free"]
+    ckpt = CheckpointConfig(directory=str(tmp_path), every_steps=3)
+    train(TrainConfig(device="cpu", model="toyclip", plan=plan, steps=6, lr=1e-2,
+                      checkpoint=ckpt), model=model)
+    shard = next((tmp_path / "step-000006").glob("*.distcp"))
+    shard.write_bytes(shard.read_bytes()[:-16])
+    capsys.readouterr()
+    result = train(TrainConfig(device="cpu", model="toyclip", plan=plan, steps=8, lr=1e-2,
+                               checkpoint=ckpt, resume="auto"), model=ToyModel("toyclip"))
+    err = capsys.readouterr().err
+    assert "step-000006 cannot be loaded" in err and "resuming at step 3 of 8" in err
+    assert [s["step"] for s in result.steps] == [3, 4, 5, 6, 7]
+

@@ -192,6 +192,49 @@ def load_checkpoint(path: str | os.PathLike, modules: Mapping[str, nn.Module],
     return Resumed(step=info.step, plan=info.plan, extra=info.extra)
 
 
+def load_newest_loadable(directory: str | os.PathLike, modules: Mapping[str, nn.Module],
+                         optimizer: torch.optim.Optimizer | None, *, restore_rng: bool = True,
+                         ) -> tuple[Resumed, list[str]]:
+    """`load_checkpoint` of the newest complete checkpoint under `directory` that loads, older
+    ones tried in turn when a newer one is corrupt (a shard truncated or zeroed after it was
+    published, an unreadable index); collective. Returns what was restored and one line per
+    checkpoint passed over. Raises the oldest one's error when none loads. Each load either
+    completes or leaves nothing applied, and the next one overwrites every tensor, so a
+    partial read of a corrupt checkpoint cannot leak into the run."""
+    candidates = _shared_from_rank0(lambda: [str(p) for p in _newest_first(Path(directory))])
+    if not candidates:
+        raise CheckpointError(f"no checkpoint in {directory} (no complete step-NNNNNN folder)")
+    passed_over: list[str] = []
+    for i, path in enumerate(candidates):
+        try:
+            return load_checkpoint(path, modules, optimizer, restore_rng=restore_rng), passed_over
+        except CheckpointError as exc:
+            if i == len(candidates) - 1:
+                raise
+            passed_over.append(f"{path} cannot be loaded ({exc})")
+    raise AssertionError("unreachable")
+
+
+def _newest_first(root: Path) -> list[Path]:
+    """The checkpoint `latest` names (as latest_checkpoint finds it), then the complete ones
+    older than it, newest first."""
+    latest = latest_checkpoint(root)
+    if latest is None:
+        return []
+    older = [(step, path) for step, path in _complete_checkpoints(root) if path != latest
+             and step < int(_STEP_DIR.fullmatch(latest.name)[1])]
+    return [latest] + [path for _, path in reversed(older)]
+
+
+def _shared_from_rank0(make: Any) -> Any:
+    """Rank 0's value of make() on every rank (so that all ranks try the same folders)."""
+    if not _distributed():
+        return make()
+    box = [make() if dist.get_rank() == 0 else None]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
 def latest_checkpoint(directory: str | os.PathLike) -> Path | None:
     """The checkpoint `directory/latest` names if complete, else the complete one with the
     highest step (a crash can leave `latest` missing or naming a replaced folder); None if

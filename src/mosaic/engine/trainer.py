@@ -32,7 +32,7 @@ from mosaic.engine import checkpoint as _checkpoint
 from mosaic.engine.checkpoint import (
     CheckpointConfig,
     latest_checkpoint,
-    load_checkpoint,
+    load_newest_loadable,
     save_checkpoint,
 )
 from mosaic.engine.comm import CommError, PlanComm, check_world_size, share_from_rank0
@@ -284,7 +284,11 @@ def _resume(config: TrainConfig, session: RankSession,
     directory = config.checkpoint.directory
     if config.resume == "auto" and not _has_checkpoint(directory, d):
         return 0
-    step, _, _ = load_checkpoint(directory, session.modules, optimizer)
+    (step, _, _), passed_over = load_newest_loadable(directory, session.modules, optimizer)
+    if d.rank == 0:
+        for line in passed_over:
+            print(f"mosaic: warning: {line}; passed over for an older one", file=sys.stderr,
+                  flush=True)
     if step >= config.steps:
         raise TrainError(f"the checkpoint is at step {step} but steps={config.steps}; "
                          "raise --steps to train further")
