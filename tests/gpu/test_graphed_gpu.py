@@ -96,3 +96,22 @@ def test_an_encoder_fed_raw_data_still_gets_its_gradients():
     graphed(x).sum().backward()
     torch.cuda.synchronize()
     torch.testing.assert_close(module.bias.grad, torch.full((8,), 4.0, device="cuda"))
+
+
+def test_capture_keeps_no_autograd_graph_over_the_parameters():
+    """The captured forward's autograd graph is dropped: it held each parameter's
+    AccumulateGrad node, created on the capture stream, and eager autograd over the same
+    parameters on the default stream (the bench's user programs) then warned that the streams
+    differ and synchronised them."""
+    import warnings
+
+    module, x, y, grad = _data()
+    graphed, _ = _graphed(module, x, y, "own")
+    assert graphed.static_output.grad_fn is None
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*AccumulateGrad node's stream")
+        _eager_grads(module, x, y, grad)
+    graphed.attach()
+    graphed(x.clone().requires_grad_(), y.clone()).backward(grad)  # replay still works
+    torch.cuda.synchronize()
+

@@ -57,7 +57,6 @@ class InGraphGradModule:
         fresh_cublas_workspaces()
         with torch.cuda.graph(self.forward_graph, stream=stream):
             out = fn(*self.static_inputs)
-        self.static_output = out
         self.differentiable = out.requires_grad
         self.static_grad_output = torch.zeros_like(out)
         self.static_input_grads: list[torch.Tensor | None] = [None] * len(self.static_inputs)
@@ -66,9 +65,15 @@ class InGraphGradModule:
             with torch.cuda.graph(self.backward_graph, pool=self.forward_graph.pool(),
                                   stream=stream):
                 self._capture_backward(out)
+        # The output's storage only: its autograd graph would keep each parameter's
+        # AccumulateGrad node alive, created on the capture stream, and eager autograd over the
+        # same parameters on another stream (the bench's user programs) would then warn and
+        # synchronise the two streams for every parameter.
+        self.static_output = out.detach()
         # The anchor makes the replay node's output require grad when no input does (an
         # encoder fed raw data), so its backward, which holds the parameter gradients, runs.
         self._anchor = torch.zeros((), device=out.device, requires_grad=True)
+        del out
 
     def _capture_backward(self, out: torch.Tensor) -> None:
         wants = [i for i, x in enumerate(self.static_inputs) if x.requires_grad]
