@@ -78,7 +78,9 @@ class ModuleSpec:
 
     @property
     def static_bytes(self) -> float:
-        """Parameters, gradients and AdamW state in mixed precision: 2 + 4 + 4 + 4 + 2 bytes."""
+        """fp32 parameters and gradients and AdamW's two fp32 moments, 4 + 4 + 4 + 4 bytes: the
+        engine trains fp32 weights under bf16 autocast. Not counted: the bf16 copy of each
+        weight that autocast makes in the forward and the backward keeps (2 bytes more)."""
         return 16.0 * self.num_params
 
     def step_traffic_bytes(self, per_gpu_batch: int) -> float:
