@@ -1,5 +1,6 @@
 """One line per `mosaic bench` results JSON: model, batch, GPUs, and per contender the
-measured and predicted ms and MFU (what a device-call script prints at its end).
+measured and predicted ms and MFU, then the GPU memory each plan's graphs held against the
+memory model's estimate, and each group's peak (what a device-call script prints at its end).
 
     python3 benchmarks/bench_summary.py OUT/bench_*.json
 """
@@ -19,7 +20,16 @@ def summary(path: Path) -> str:
     rows = [(r["planner"], round(r["measured_iteration_s"] * 1e3, 2),
              round((r.get("predicted_iteration_s") or 0) * 1e3, 2), round(r.get("mfu") or 0, 3))
             for r in d["results"]]
-    return f"{d['model']} batch {d['global_batch']} on {d['gpus']} GPU(s): {rows}"
+    memory = {r["planner"]: (_gib(r.get("graph_memory_bytes")), _gib(r.get("predicted_memory_bytes")))
+              for r in d["results"] if r.get("graph_memory_bytes")}
+    peaks = [_gib(p) for p in (d.get("checks") or {}).get("peak_memory_bytes") or []]
+    return (f"{d['model']} batch {d['global_batch']} on {d['gpus']} GPU(s): {rows}"
+            + (f"; GiB held by graphs / predicted per plan {memory}, peak {peaks}"
+               if memory or any(peaks) else ""))
+
+
+def _gib(value: float | None) -> float | None:
+    return None if value is None else round(value / 2**30, 1)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -9,7 +9,7 @@ import torch
 from mosaic.engine.measure import BenchConfig, BenchError, bench_report, measure_plans
 from mosaic.graph import MMGraph
 from mosaic.hardware import H200
-from mosaic.plan import Placement, Plan, Stage
+from mosaic.plan import Placement, Plan, Stage, gpu_memory_bytes
 from mosaic.zoo import get_model
 from tests.helpers import bench_two_ranks
 
@@ -44,6 +44,9 @@ def test_bench_measures_every_plan_and_reports_ratios(tmp_path):
     assert MMGraph.from_dict(report["graph"]) == graph  # the module facts the plans ran on
     row = report["results"][1]
     assert {"planner", "measured_iteration_s", "spread_s", "predicted_iteration_s", "mfu"} <= row.keys()
+    assert row["predicted_memory_bytes"] == max(gpu_memory_bytes(measurements[1].plan, graph)
+                                                .values()) > 0
+    assert report["results"][2]["predicted_memory_bytes"] is None  # a user program: no plan
     assert report["mosaic_speedup_vs_best_baseline"] == pytest.approx(
         measurements[0].median_s / measurements[1].median_s)
 
@@ -80,6 +83,8 @@ def test_plans_measured_in_groups_are_each_set_up_from_the_same_weights_and_rele
         torch.testing.assert_close(a, b, rtol=0, atol=0)
     assert checks["plan_groups"] == [["megatron"], ["mosaic"]]
     assert [g["reference"] for g in checks["gradient_groups"]] == ["torch-eager"] * 2
+    assert checks["peak_memory_bytes"] == [None, None]  # CPU: no GPU memory to count
+    assert all(m.graph_memory_bytes is None for m in measurements)
     assert all(m.step_times_s and m.grad_error for m in measurements)
     assert any(p["phase"].startswith("group 2 of 2 (mosaic)") for p in checks["phases"])
     with pytest.raises(BenchError, match="plans_at_once"):

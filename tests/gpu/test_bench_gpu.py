@@ -36,4 +36,9 @@ def test_graphed_plans_survive_the_reduce_overhead_user_program():
     print({label: round(1e3 * s, 2) for label, s in medians.items()}, checks["gradients"])
     assert set(medians) == {"temporal", "partition", "torch-eager", "torch-compile"}
     assert all(math.isfinite(s) and s > 0 for s in medians.values())
+    held = {m.label: m.graph_memory_bytes for m in measurements}
+    print("graph memory, MiB:", {k: v and round(v / 2**20) for k, v in held.items()},
+          "peak, GiB:", [p / 2**30 for p in checks["peak_memory_bytes"]])
+    assert held["temporal"] > 0 and held["partition"] > 0 and held["torch-eager"] is None
+    assert checks["peak_memory_bytes"][0] >= max(held["temporal"], held["partition"])
     torch.cuda.synchronize()  # a fault in the last steps surfaces here

@@ -54,7 +54,7 @@ from mosaic.engine.user_program import UserProgram
 from mosaic.errors import MosaicError
 from mosaic.graph import MMGraph
 from mosaic.hardware import GPUSpec
-from mosaic.plan import Plan, plan_key
+from mosaic.plan import Plan, gpu_memory_bytes, plan_key
 from mosaic.provenance import git_sha, package_versions
 
 log = logging.getLogger(__name__)
@@ -139,6 +139,9 @@ class PlanMeasurement:
     """Another label whose plan is identical (plan_key): measured once, reported for both."""
     engine_variant: dict[str, Any] | None = None
     """The engine settings this contender ran with where they differ from the bench's own."""
+    graph_memory_bytes: int | None = None
+    """GPU memory its CUDA-graph capture kept (this rank; None on CPU or eager): the graphs'
+    pools hold activations, weight casts and, graphed on one GPU, its own gradients."""
 
     @property
     def median_s(self) -> float:
@@ -154,6 +157,7 @@ class PlanMeasurement:
             "pool_backend": self.pool.get("backend", "-"), "measured_gpu_util": self.gpu_util,
             "max_grad_error": max(self.grad_error.values(), default=None),
             "same_plan_as": self.same_plan_as, "engine_variant": self.engine_variant,
+            "graph_memory_bytes": self.graph_memory_bytes,
         }
 
 
@@ -174,6 +178,7 @@ class _Contender:
     """Its own modules, when the plans' shared ones cannot serve it (a plan that shards)."""
     optimizer: torch.optim.Optimizer | None = None
     """The optimizer of its own modules (else the shared one steps)."""
+    graph_memory_bytes: int | None = None
 
 
 @dataclass(slots=True)
@@ -597,6 +602,7 @@ def measure_plans(model, preset: str, graph: MMGraph, plans: dict[str, Plan], gp
             engines, variants, progress, reference, keep_reference=len(groups) > 1)
         results += measured
         checks.setdefault("compile", group_checks["compile"])
+        checks.setdefault("peak_memory_bytes", []).append(group_checks["peak_memory_bytes"])
         if "gradients" in group_checks:
             checks.setdefault("gradient_groups", []).append(group_checks["gradients"])
             checks.setdefault("gradients", group_checks["gradients"])  # the reference's group
@@ -632,6 +638,7 @@ def _measure_group(model, preset: str, graph: MMGraph, plans: dict[str, Plan], g
     returns, its gradients on the host, when `keep_reference` (later groups will need it)."""
     s = _setup(model, preset, graph, plans, gpu, config, engines)
     try:
+        _peak_and_reset(s)
         progress.say(s, f"{len(s.contenders)} plan(s) set up")
         losses = _losses(s)
         _check_losses("eager", losses, reference)
@@ -640,9 +647,11 @@ def _measure_group(model, preset: str, graph: MMGraph, plans: dict[str, Plan], g
         progress.say(s, f"one eager step each (compiles the modules: "
                         f"{s.compiled.to_dict()['total_compile_s']:.0f} s)")
         for label, c in s.contenders.items():
-            start = time.perf_counter()
+            start, held = time.perf_counter(), _allocated(s)
             c.session.capture_graphs()
             c.startup_s += time.perf_counter() - start
+            if held is not None and c.session.runner.graphed:
+                c.graph_memory_bytes = _allocated(s) - held
             progress.say(s, f"{label}: " + ("CUDA graphs captured" if c.session.runner.graphed
                                              else "ready (eager: no CUDA graphs)"))
         _add_user_programs(s, config)
@@ -658,6 +667,9 @@ def _measure_group(model, preset: str, graph: MMGraph, plans: dict[str, Plan], g
             progress.say(s, "gradients checked (user programs compiled)")
         _check_losses("after compile and CUDA-graph capture", _losses(s), reference)
         times = _timed_rounds(s, config)
+        peak = _peak_and_reset(s)
+        checks["peak_memory_bytes"] = (None if peak is None else  # the fullest rank's
+                                       int(_world_sum([float(peak)], s.device, "max")[0]))
         progress.say(s, f"{config.rounds} timed round(s) done")
         results = []
         for label, c in s.contenders.items():
@@ -666,7 +678,8 @@ def _measure_group(model, preset: str, graph: MMGraph, plans: dict[str, Plan], g
                 pool=c.session.pool.describe() if c.session else {},
                 timeline=_timeline(s, c), gpu_util=_nvml_util(s, c, config.nvml_seconds),
                 grad_error=errors.get(label, {}), startup_s=c.startup_s,
-                engine_variant=variants.get(label) or None))
+                engine_variant=variants.get(label) or None,
+                graph_memory_bytes=c.graph_memory_bytes))
         progress.say(s, "one traced step and GPU utilisation per plan recorded")
         return results, checks, reference
     except torch.OutOfMemoryError as exc:
@@ -674,6 +687,22 @@ def _measure_group(model, preset: str, graph: MMGraph, plans: dict[str, Plan], g
     finally:
         _close(s.contenders)
         end_distributed(s.dist)
+
+
+def _allocated(s: _Setup) -> int | None:
+    """Bytes the caching allocator hands out on this rank's GPU (None on CPU)."""
+    if s.device.type != "cuda":
+        return None
+    torch.cuda.synchronize(s.device)
+    return torch.cuda.memory_allocated(s.device)
+
+
+def _peak_and_reset(s: _Setup) -> int | None:
+    if s.device.type != "cuda":
+        return None
+    peak = torch.cuda.max_memory_allocated(s.device)
+    torch.cuda.reset_peak_memory_stats(s.device)
+    return peak
 
 
 def out_of_memory(progress: _Progress, contenders: int) -> BenchError:
@@ -776,6 +805,8 @@ def bench_report(graph: MMGraph, measurements: list[PlanMeasurement], gpu: GPUSp
                "speedup_vs": {b: medians[b] / m.median_s
                               for b in (*BASELINES, *USER_PROGRAMS) if b in medians},
                "grad_error": m.grad_error,
+               "predicted_memory_bytes": (max(gpu_memory_bytes(m.plan, graph).values())
+                                          if m.plan else None),
                "plan": m.plan.to_dict() if m.plan else None}
         if predicted:
             row["prediction_error"] = predicted / m.median_s - 1
