@@ -72,12 +72,17 @@ def run_bench(model: Any, graph: MMGraph, cluster: ClusterSpec, config: BenchCon
     of `config`. `variants`: engine settings to measure the plans again with
     (labelled PLAN@SETTINGS); `autotune` K: add the fastest of the K best predicted plans and
     the baselines, measured briefly, as plan `autotune`."""
+    import torch
+
     from mosaic.engine.comm import share_from_rank0
     from mosaic.engine.session import end_distributed, start_distributed
     from mosaic.planners import plan_all
 
     preset = preset or graph.preset
-    perf = perf_model_for(perf_model, cluster, preset, profile_db, config.engine)
+    # Predicted for the engine as it will run here: no CUDA graphs on a CPU (measure_plans).
+    ran = config.engine if torch.cuda.is_available() else dataclasses.replace(config.engine,
+                                                                               graphs=False)
+    perf = perf_model_for(perf_model, cluster, preset, profile_db, ran)
     for settings in variants:  # a bad variant is refused before planning and set-up
         engine_variant(config.engine, settings)
 
