@@ -91,9 +91,10 @@ def test_memory_of_a_tp_shard():
     plain = gpu_memory_bytes(_plan(graph, 4, (0, 1, 2, 3), 1), graph)[3]
     sharded = gpu_memory_bytes(_plan(graph, 4, (0, 1, 2, 3), 2), graph)[3]
     act = llm.activation_bytes_per_sample
-    assert plain == pytest.approx(llm.static_bytes + act * 2)  # DP 4: 2 samples per GPU
+    casts = 2.0 * llm.num_params  # autocast's bf16 weight copies, kept for the backward
+    assert plain == pytest.approx(llm.static_bytes + casts + act * 2)  # DP 4: 2 samples per GPU
     # DP 2: 4 samples per replica; weights / 2, activations (10 + 24 / 2) / 34 of them
-    assert sharded == pytest.approx(llm.static_bytes / 2 + act * 4 * (10 + 12) / 34)
+    assert sharded == pytest.approx((llm.static_bytes + casts) / 2 + act * 4 * (10 + 12) / 34)
 
 
 # --- the cost model --------------------------------------------------------------------------
@@ -153,7 +154,12 @@ def test_mosaic_tp_uses_tp_where_it_is_predicted_faster():
     from mosaic.perf import make_perf_model
     from mosaic.planners import get_planner, plan_all
 
-    graph = get_model("qwen3-vl").graph("paper")  # batch 2: DP alone uses 2 of 8 GPUs
+    # Batch 2: DP alone uses 2 of 8 GPUs. Its LLM at 85% of its size fits a GPU whole (the
+    # real one, with autocast's weight copies, does not: TP would be needed, not chosen).
+    paper = get_model("qwen3-vl").graph("paper")
+    graph = replace(paper, modules=tuple(
+        replace(m, num_params=int(0.85 * m.num_params)) if m.name == "llm" else m
+        for m in paper.modules))
     cluster = make_cluster(8)
     perf = make_perf_model("profiled", cluster, preset="paper")
     space = SearchSpace(graph, cluster, perf)

@@ -79,8 +79,9 @@ class ModuleSpec:
     @property
     def static_bytes(self) -> float:
         """fp32 parameters and gradients and AdamW's two fp32 moments, 4 + 4 + 4 + 4 bytes: the
-        engine trains fp32 weights under bf16 autocast. Not counted: the bf16 copy of each
-        weight that autocast makes in the forward and the backward keeps (2 bytes more)."""
+        engine trains fp32 weights under bf16 autocast. The bf16 copy of each weight that
+        autocast keeps for the backward is counted with the activations
+        (tensor_parallel.autocast_weight_bytes)."""
         return 16.0 * self.num_params
 
     def step_traffic_bytes(self, per_gpu_batch: int) -> float:

@@ -30,6 +30,7 @@ ALLREDUCES_PER_LAYER = 4
 """Two forward (attention out, MLP out) and two backward (their inputs' gradients)."""
 ACTIVATION_BYTES = 2
 """TP all-reduces move bf16 activations."""
+AUTOCAST_WEIGHT_BYTES = 2.0
 REPLICATED_ACTIVATIONS = 10 / 34
 """Share of a layer's saved activations that every GPU of a TP group keeps whole."""
 
@@ -41,11 +42,19 @@ def activation_fraction(tensor_parallel: int) -> float:
 
 
 def bytes_per_gpu(spec: ModuleSpec, per_gpu_batch: int, tensor_parallel: int = 1) -> float:
-    """Weights + gradients + optimizer state + activations of `spec` on one GPU of its placement,
-    `per_gpu_batch` being the replica's batch (global batch / DP degree)."""
+    """Weights + gradients + optimizer state + the weights' bf16 copies + activations of `spec`
+    on one GPU of its placement, `per_gpu_batch` being the replica's batch (global batch / DP
+    degree)."""
     t = tensor_parallel
-    return (spec.static_bytes / t
+    return ((spec.static_bytes + autocast_weight_bytes(spec)) / t
             + spec.activation_bytes_per_sample * per_gpu_batch * activation_fraction(t))
+
+
+def autocast_weight_bytes(spec: ModuleSpec) -> float:
+    """The bf16 copy of every weight that autocast makes in the forward and the backward keeps
+    until it has used it (the engine holds fp32 weights): live at the end of the forward, the
+    memory peak. A sharded module's too: FSDP gathers fp32 weights, autocast casts them whole."""
+    return AUTOCAST_WEIGHT_BYTES * spec.num_params
 
 
 def allreduce_bytes(spec: ModuleSpec, per_gpu_batch: int) -> float:
