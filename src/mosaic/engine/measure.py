@@ -646,24 +646,12 @@ def _measure_group(model, preset: str, graph: MMGraph, plans: dict[str, Plan], g
             reference = _Reference(*next(iter(losses.items())))
         progress.say(s, f"one eager step each (compiles the modules: "
                         f"{s.compiled.to_dict()['total_compile_s']:.0f} s)")
-        for label, c in s.contenders.items():
-            start, held = time.perf_counter(), _allocated(s)
-            c.session.capture_graphs()
-            c.startup_s += time.perf_counter() - start
-            if held is not None and c.session.runner.graphed:
-                c.graph_memory_bytes = _allocated(s) - held
-            progress.say(s, f"{label}: " + ("CUDA graphs captured" if c.session.runner.graphed
-                                             else "ready (eager: no CUDA graphs)"))
+        _capture(s, progress)
         _add_user_programs(s, config)
         checks: dict[str, Any] = {"compile": s.compiled.to_dict()}
         errors: dict[str, dict[str, float]] = {}
         if config.check_gradients:
-            errors, checks["gradients"], ref_grads = _check_gradients(s, graph.names, reference)
-            if reference is not None and reference.grad_label is None:
-                reference.grad_label = checks["gradients"]["reference"]
-                reference.grad_checks = {key: checks["gradients"][key]
-                                         for key in ("reference", "noise_floor", "tolerance")}
-                reference.grads = {name: g.cpu() for name, g in ref_grads.items()}
+            errors, checks["gradients"] = _checked_gradients(s, graph.names, reference)
             progress.say(s, "gradients checked (user programs compiled)")
         _check_losses("after compile and CUDA-graph capture", _losses(s), reference)
         times = _timed_rounds(s, config)
@@ -687,6 +675,31 @@ def _measure_group(model, preset: str, graph: MMGraph, plans: dict[str, Plan], g
     finally:
         _close(s.contenders)
         end_distributed(s.dist)
+
+
+def _capture(s: _Setup, progress: _Progress) -> None:
+    """Every plan's CUDA graphs, timed (start-up) and weighed (memory the capture kept)."""
+    for label, c in s.contenders.items():
+        start, held = time.perf_counter(), _allocated(s)
+        c.session.capture_graphs()
+        c.startup_s += time.perf_counter() - start
+        if held is not None and c.session.runner.graphed:
+            c.graph_memory_bytes = _allocated(s) - held
+        progress.say(s, f"{label}: " + ("CUDA graphs captured" if c.session.runner.graphed
+                                         else "ready (eager: no CUDA graphs)"))
+
+
+def _checked_gradients(s: _Setup, names: list[str], reference: _Reference | None,
+                       ) -> tuple[dict[str, dict[str, float]], dict[str, Any]]:
+    """`_check_gradients`, and the first group's reference gradients kept on the host for the
+    later groups (when `reference` is being built)."""
+    errors, checks, ref_grads = _check_gradients(s, names, reference)
+    if reference is not None and reference.grad_label is None:
+        reference.grad_label = checks["reference"]
+        reference.grad_checks = {key: checks[key]
+                                 for key in ("reference", "noise_floor", "tolerance")}
+        reference.grads = {name: g.cpu() for name, g in ref_grads.items()}
+    return errors, checks
 
 
 def _allocated(s: _Setup) -> int | None:
