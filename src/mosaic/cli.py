@@ -468,39 +468,23 @@ def train(
         raise OptionError("--autotune picks the plan by measurement, --plan gives one; pass one "
                           "of them")
 
-    from mosaic.api import plan_on_rank0
-    from mosaic.autotune import autotune_recorded
     from mosaic.data import check_dataset
     from mosaic.engine.checkpoint import CheckpointConfig
     from mosaic.engine.session import EngineConfig, end_distributed, start_distributed
     from mosaic.engine.trainer import train_from_cli
-    from mosaic.hardware import make_cluster
     from mosaic.zoo import get_model
 
     check_dataset(get_model(model), str(data), str(preset))  # before planning and set-up
     d = start_distributed(None, timeout_s)  # planning on rank 0 needs the world to broadcast to
     try:
-        plan_obj = None
-        if plan_file is None:
-            graph = get_model(model).graph(preset, global_batch=batch)
         engine = EngineConfig(graphs=graphs, compile=compile_mode, compile_scope=compile_scope,
                               grad_sync=grad_sync,
                               reduce_dtype=reduce_dtype, grads_in_graph=grads_in_graph,
                               accumulation=accumulation,
                               timeline=out is not None)
-        if plan_file is None and autotune:  # every rank measures: measure_plans is collective
-            cluster = make_cluster(gpus or d.world_size, hardware)
-            perf = load_perf_model(str(perf_model), cluster, str(preset), profile_db)
-            tuned, tuned_db = autotune_recorded(get_model(model), str(preset), graph, cluster,
-                                                perf, autotune, engine,
-                                                cpu=d.device.type == "cpu")
-            if d.rank == 0:
-                _say_autotuned(tuned, tuned_db)
-            plan_obj = tuned.plan
-        elif plan_file is None:
-            plan_obj = plan_on_rank0(graph, gpus or d.world_size, d.device, hardware=hardware,
-                                     planner=planner or "mosaic", perf_model=str(perf_model),
-                                     profile_db=profile_db)
+        plan_obj = None if plan_file is not None else _training_plan(
+            model, str(preset), batch, gpus or d.world_size, hardware, planner,
+            str(perf_model), profile_db, autotune, engine, d)
         ckpt = (CheckpointConfig(directory=str(checkpoint_dir), every_steps=checkpoint_every)
                 if checkpoint_dir else None)
         result = train_from_cli(model, preset, str(plan_file) if plan_file else None, gpus, steps,
@@ -514,10 +498,39 @@ def train(
         end_distributed(d)
     if int(os.environ.get("RANK", "0")) != 0:
         return
-    summary = result.summary
     if out is not None:
         _write_run_folder(out, resolved, result, model, str(preset), batch, hardware,
                           str(perf_model), profile_db)
+    _say_trained(result, data)
+
+
+def _training_plan(model: str, preset: str, batch: int | None, gpus: int, hardware,
+                   planner: str | None, perf_model: str, profile_db: Path | None, autotune: int,
+                   engine, d):
+    """The plan `mosaic train` trains when no --plan is given: the fastest measured of the
+    best predicted (--autotune K; every rank measures, measure_plans is collective), else the
+    planner's, made on rank 0 and shared."""
+    from mosaic.api import plan_on_rank0
+    from mosaic.autotune import autotune_recorded
+    from mosaic.hardware import make_cluster
+    from mosaic.zoo import get_model
+
+    graph = get_model(model).graph(preset, global_batch=batch)
+    if not autotune:
+        return plan_on_rank0(graph, gpus, d.device, hardware=hardware,
+                             planner=planner or "mosaic", perf_model=perf_model,
+                             profile_db=profile_db)
+    cluster = make_cluster(gpus, hardware)
+    perf = load_perf_model(perf_model, cluster, preset, profile_db)
+    tuned, tuned_db = autotune_recorded(get_model(model), preset, graph, cluster, perf,
+                                        autotune, engine, cpu=d.device.type == "cpu")
+    if d.rank == 0:
+        _say_autotuned(tuned, tuned_db)
+    return tuned.plan
+
+
+def _say_trained(result, data) -> None:
+    summary = result.summary
     typer.echo(
         f"{summary['model']} ({summary['preset']}) plan={summary['planner']} "
         f"gpus={summary['num_gpus']}: loss {summary['first_loss']:.4f} -> {summary['final_loss']:.4f}, "
