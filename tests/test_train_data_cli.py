@@ -72,6 +72,9 @@ def test_torch_trace_covers_the_last_steps_of_every_rank(tmp_path):
     assert steps == {"ProfilerStep#3", "ProfilerStep#4", "ProfilerStep#5"}  # the last 3 of 6
     table = (tmp_path / "kernels-rank0.txt").read_text()
     assert "last 3 steps" in table and "aten::" in table
+    from mosaic.report.kernel_time import summarise_trace_dir
+
+    assert summarise_trace_dir(tmp_path) == [tmp_path / "kernel-time-rank0.json"]
     summary = json.loads((tmp_path / "kernel-time-rank0.json").read_text())
     assert summary == {"steps": 3, "devices": {}}  # a CPU run launches no GPU kernels
 

@@ -446,8 +446,9 @@ def train(
                                                      "tensorboard package)",
                                                      callback=_check_tensorboard)] = None,
     torch_trace: Annotated[Path | None, typer.Option(
-        "--torch-trace", help="run the last 3 steps under torch.profiler: a Chrome trace and a "
-        "table of kernels by GPU time per rank, here")] = None,
+        "--torch-trace", help="run the last 3 steps under torch.profiler: a Chrome trace, a "
+        "table of kernels by GPU time and their time by class (mosaic kernel-time) per rank, "
+        "here")] = None,
     config: Annotated[Path | None, typer.Option("--config", help="job file (TOML, or YAML): "
                                                 "see mosaic.job_config")] = None,
     set_: Annotated[list[str] | None, typer.Option("--set", help="override a job field: "
@@ -501,6 +502,10 @@ def train(
     if out is not None:
         _write_run_folder(out, resolved, result, model, str(preset), batch, hardware,
                           str(perf_model), profile_db)
+    if torch_trace is not None:
+        from mosaic.report.kernel_time import summarise_trace_dir
+
+        summarise_trace_dir(torch_trace)
     _say_trained(result, data)
 
 
@@ -842,7 +847,8 @@ def profile_recipe(
 def kernel_time_command(
     trace: Annotated[Path, typer.Argument(help="torch.profiler Chrome trace (.json or .json.gz; "
                                           "`mosaic train --torch-trace DIR` writes one per rank)")],
-    steps: Annotated[int, typer.Option(min=1, help="steps the trace covers (times per step)")] = 1,
+    steps: Annotated[int | None, typer.Option(min=1, help="steps the trace covers, for times "
+                                              "per step (default: its ProfilerStep marks)")] = None,
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     """Where a traced step's GPU time goes: span, busy and idle time per GPU, and the kernels by

@@ -421,16 +421,11 @@ def _torch_trace(config: TrainConfig, d: Dist, first: int):
     out.mkdir(parents=True, exist_ok=True)
 
     def write(prof: Any) -> None:
-        from mosaic.report.kernel_time import kernel_time, load_trace
-
-        trace = out / f"trace-rank{d.rank}.json.gz"
-        prof.export_chrome_trace(str(trace))
+        prof.export_chrome_trace(str(out / f"trace-rank{d.rank}.json.gz"))
         sort = "self_device_time_total" if d.device.type == "cuda" else "self_cpu_time_total"
         table = prof.key_averages().table(sort_by=sort, row_limit=40)
         (out / f"kernels-rank{d.rank}.txt").write_text(
             f"{config.model} {config.preset}: last {active} steps, rank {d.rank}\n{table}\n")
-        summary = kernel_time(load_trace(trace), steps=active)
-        (out / f"kernel-time-rank{d.rank}.json").write_text(json.dumps(summary, indent=1))
 
     with profile(activities=activities, on_trace_ready=write,
                  schedule=schedule(wait=max(0, left - active - 1), warmup=1, active=active)) as prof:

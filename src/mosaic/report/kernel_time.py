@@ -1,7 +1,8 @@
 """Where a traced step's GPU time goes: a torch.profiler Chrome trace, its kernels by class.
 
-`mosaic train --torch-trace DIR` writes the trace of its last steps and this summary beside it
-(`kernel-time-rank<r>.json`); `mosaic kernel-time TRACE` prints it for any torch.profiler trace.
+`mosaic train --torch-trace DIR` writes the trace of its last steps and then this summary
+beside each rank's (`kernel-time-rank<r>.json`); `mosaic kernel-time TRACE` prints it for any
+torch.profiler trace.
 Per GPU: the span from the first kernel's start to the last one's end, the time some kernel
 ran (the union of their intervals: streams that overlap count once), the idle rest, and the
 kernel time over busy time (above 1: kernels of several streams ran at once, as colocated
@@ -49,15 +50,32 @@ def load_trace(path: str | Path) -> dict[str, Any]:
         return json.load(f)
 
 
-def kernel_time(trace: dict[str, Any], steps: int = 1) -> dict[str, Any]:
-    """The summary of `trace` (see the module docstring), times in ms per step."""
-    kernels = [e for e in trace.get("traceEvents", [])
+def kernel_time(trace: dict[str, Any], steps: int | None = None) -> dict[str, Any]:
+    """The summary of `trace` (see the module docstring), times in ms per step; `steps`: the
+    steps it covers (default: its torch.profiler `ProfilerStep#N` marks, else 1)."""
+    events = trace.get("traceEvents", [])
+    if steps is None:
+        steps = max(1, len({e.get("name") for e in events
+                            if str(e.get("name", "")).startswith("ProfilerStep#")}))
+    kernels = [e for e in events
                if e.get("ph") == "X" and e.get("cat") in KERNEL_CATEGORIES and e.get("dur")]
     devices: dict[int, list[dict[str, Any]]] = {}
     for e in kernels:
         devices.setdefault(int(e.get("args", {}).get("device", e.get("pid", 0))), []).append(e)
     return {"steps": steps,
             "devices": {str(d): _device_summary(events, steps) for d, events in sorted(devices.items())}}
+
+
+def summarise_trace_dir(directory: str | Path) -> list[Path]:
+    """`kernel-time-rank<r>.json` beside every `trace-rank<r>.json.gz` of `directory` (what
+    `mosaic train --torch-trace` leaves); the files written."""
+    written = []
+    for trace in sorted(Path(directory).glob("trace-rank*.json.gz")):
+        rank = trace.name.removeprefix("trace-rank").removesuffix(".json.gz")
+        out = trace.with_name(f"kernel-time-rank{rank}.json")
+        out.write_text(json.dumps(kernel_time(load_trace(trace)), indent=1))
+        written.append(out)
+    return written
 
 
 def _device_summary(events: list[dict[str, Any]], steps: int) -> dict[str, Any]:
