@@ -52,6 +52,7 @@ from mosaic.profile.graph_timing import (
     time_group,
 )
 from mosaic.profile.sampling import batch_grid, coarse_points, refine
+from mosaic.tensor_parallel import bytes_per_gpu
 
 MODES = ("partition", "cap", "free", "free-prio")
 ANTAGONIST_SPLIT = 64
@@ -135,8 +136,7 @@ class ModelProfiler:
         budget = 0.8 * gpu_spec(cfg.hardware).memory_bytes
         limit = max(cfg.max_batch_factor, 1) * self.graph.global_batch
         while limit > self.graph.global_batch and any(
-                m.static_bytes + m.activation_bytes_per_sample * limit > budget
-                for m in self.graph.modules):
+                bytes_per_gpu(m, limit) > budget for m in self.graph.modules):
             limit //= 2
         return max(limit, self.graph.global_batch)
 
