@@ -342,7 +342,7 @@ def check_modules_fit(space: SearchSpace) -> None:
             raise PlanError(
                 f"module {name!r} needs {need / gib:.1f} GiB per GPU even at DP {size // t}{tp_note} "
                 f"({static / gib:.1f} GiB weights + optimizer state, "
-                f"{(need - static) / gib:.1f} GiB activations) but only "
+                f"{(need - static) / gib:.1f} GiB activations and bf16 weight copies) but only "
                 f"{space.budget_bytes / gib:.1f} GiB is usable on {space.cluster.gpu.name}: "
                 f"{(need - space.budget_bytes) / gib:.1f} GiB too much; {fix}"
             )
