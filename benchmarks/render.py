@@ -11,7 +11,7 @@ fixed rules, so the output is deterministic and a figure cannot drift from its d
 
 Renderers: one-gpu-bench[:DIR], green-probe[:FILE], bench:DIR_OR_FILE, iteration-error[:DIR],
 scaling-sim[:DIR], variants:DIR, targets-1gpu, profile-recipe[:DB],
-step-fit:FILE,FILE[,...].
+step-fit:FILE,FILE[,...], kernel-time:FILE[,...].
 """
 
 from __future__ import annotations
@@ -274,6 +274,8 @@ def _engine_text(report: dict[str, Any]) -> str:
     parts = [sync] if report["gpus"] > 1 else []
     if engine.get("grads_in_graph") and engine.get("graphs"):
         parts.append("grads in graph")
+    if engine.get("accumulation", 1) > 1:
+        parts.append(f"{engine['accumulation']} micro-steps of {report['global_batch'] // engine['accumulation']}")
     if report.get("checks", {}).get("plan_groups"):  # --plans-at-once: not interleaved
         parts.append(f"plans in {len(report['checks']['plan_groups'])} groups")
     return "; ".join(parts) or "–"
@@ -511,6 +513,31 @@ def step_fit(results: Path, arg: str | None) -> str:
                    f"MFU (of {PEAK_TFLOPS:.0f} TF/s)"], rows)
             + f"\n\nFit: **{ms(fixed)} ms fixed + {ms(per_sample)} ms per sample**; the "
             f"per-sample part runs at {pct(marginal, signed=False)} of the peak.")
+
+
+# --- where a traced step's GPU time goes (mosaic kernel-time) --------------------------------
+
+KERNEL_CLASSES = ("gemm", "attention", "optimizer", "copy/cast", "triton (fused)",
+                  "elementwise/reduce", "collective", "other")
+
+
+@renderer("kernel-time")
+def kernel_time(results: Path, arg: str | None) -> str:
+    """One row per `kernel-time-rank<r>.json` (comma-separated, under results/): per traced
+    step the span, busy and idle GPU time, and kernel time by class."""
+    files = [f.strip() for f in (arg or "").split(",") if f.strip()]
+    if not files:
+        raise RenderError("kernel-time needs kernel-time JSON files: render:kernel-time:A[,B]")
+    rows = []
+    for f in files:
+        for gpu, d in sorted(load(results / f)["devices"].items()):
+            classes = d["classes"]
+            rows.append([f, gpu, f"{d['span_ms']:.2f}", f"{d['busy_ms']:.2f}",
+                         f"{d['idle_ms']:.2f}", f"{d['kernel_ms']:.2f}"]
+                        + [f"{classes[c]['ms']:.2f} ({classes[c]['share_of_kernel_time']:.0%})"
+                           if c in classes else "–" for c in KERNEL_CLASSES])
+    return table(["trace", "GPU", "span, ms", "busy, ms", "idle, ms", "kernel time, ms",
+                  *(f"{c}, ms" for c in KERNEL_CLASSES)], rows)
 
 
 # --- attention with and without mask tensors (benchmarks/attention_mask_ab.py) -----------------
