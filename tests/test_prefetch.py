@@ -7,14 +7,15 @@ import pytest
 import torch
 
 from mosaic.engine.session import batch_loader
-from mosaic.engine.trainer import RowPrefetcher
+from mosaic.engine.trainer import RowPrefetcher, pinned
 from tests.test_engine import ToyModel
 
 RANGES = {"vision": (1, 3), "text": (0, 4)}
 
 
 def _prefetcher(model, steps: range) -> RowPrefetcher:
-    session = SimpleNamespace(local_rows=lambda load: [load(RANGES)])
+    session = SimpleNamespace(local_rows=lambda load: [load(RANGES)],
+                              runner=SimpleNamespace(device=torch.device("cpu")))
     config = SimpleNamespace(preset="tiny", seed=7)
     return RowPrefetcher(model, config, SimpleNamespace(global_batch=4), session, steps)
 
@@ -40,3 +41,24 @@ def test_a_data_source_error_reaches_the_training_thread():
     with _prefetcher(Broken("toyclip"), range(0, 3)) as rows, \
             pytest.raises(OSError, match="shard 3"):
         rows.get(0)
+
+
+def test_settle_waits_for_the_rows_asked_for():
+    model = ToyModel("toyclip")
+    with _prefetcher(model, range(0, 3)) as rows:
+        rows.get(0)  # asks for step 1 in the background
+        rows.settle()
+        assert [r["step"] for r in model.requested] == [0, 1]
+
+
+def test_rows_stay_as_they_are_off_cuda():
+    rows = [{"vision": (torch.ones(2),)}]
+    assert pinned(rows, pin=False) is rows
+
+
+@pytest.mark.gpu
+def test_rows_are_pinned_on_cuda():
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    (row,) = pinned([{"vision": (torch.ones(2), torch.zeros(3))}], pin=True)
+    assert all(t.is_pinned() for t in row["vision"])
