@@ -66,7 +66,10 @@ class GraphBench:
         """True once a capture failed: this module is timed eagerly (launch overhead included)."""
         self.mode = "global"
         self.capture_errors: list[str] = []
-        self._last_error: BaseException | None = None
+        self._last_oom = False
+        """The last capture attempt ran out of memory. Only the fact is kept: the exception's
+        traceback would hold the failed capture's frames, and with them every tensor it had
+        allocated, so the retry after emptying the cache would fail too."""
 
     def step(self) -> None:
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.amp, cache_enabled=False):
@@ -93,6 +96,7 @@ class GraphBench:
         after emptying the allocator's cache; a module that still cannot be captured is timed
         eagerly instead (`eager`, with the reasons in `capture_errors`).
         """
+        release_idle_cache()
         with torch.cuda.stream(stream):
             self._clear_grads()
             self.step()
@@ -100,7 +104,7 @@ class GraphBench:
         torch.cuda.synchronize()
         for mode in self._modes():
             graph = self._try_capture(stream, mode)
-            if graph is None and isinstance(self._last_error, torch.OutOfMemoryError):
+            if graph is None and self._last_oom:
                 # Deleted graphs' private pools stay cached until emptied (this low-level
                 # capture skips torch.cuda.graph's empty_cache): empty, and try once more.
                 gc.collect()
@@ -112,7 +116,7 @@ class GraphBench:
         return _Eager(self.step)
 
     def _try_capture(self, stream: torch.cuda.Stream, mode: str) -> Any:
-        """The graph, or None with the error noted (`capture_errors`, `_last_error`)."""
+        """The graph, or None with the error noted (`capture_errors`, `_last_oom`)."""
         graph = torch.cuda.CUDAGraph()
         gc.disable()
         try:
@@ -126,8 +130,10 @@ class GraphBench:
             self._clear_grads()
             return graph
         except RuntimeError as exc:
-            self.capture_errors.append(f"{mode}: {str(exc).strip().splitlines()[0][:200]}")
-            self._last_error = exc
+            self._last_oom = isinstance(exc, torch.OutOfMemoryError)
+            self.capture_errors.append(f"{mode}: {str(exc).strip().splitlines()[0][:200]} "
+                                       f"[{memory_state()}]")
+            del exc
             del graph
             _quiet_sync()
             self._clear_grads()
@@ -240,6 +246,26 @@ MAX_GROUP_POOLS = 4
 """Colocation stream pools kept at once. Every stream holds its own cached allocator blocks
 and cuBLAS workspaces, and every green context its own local memory: a profile that kept one
 pool per layout ran the H200 out of memory after about a hundred layouts."""
+
+
+IDLE_CACHE_FRACTION = 0.25
+"""Return the allocator's cache to the device once this share of it sits unused. Warm-ups on
+each SM count's stream cache their blocks per stream, and a deleted graph's private pool stays
+reserved until emptied: on a big module, a few points' worth fill the GPU."""
+
+
+def memory_state() -> str:
+    """Allocated and reserved device memory, for error notes."""
+    return (f"{torch.cuda.memory_allocated() / 2**30:.1f} GiB allocated, "
+            f"{torch.cuda.memory_reserved() / 2**30:.1f} GiB reserved")
+
+
+def release_idle_cache() -> None:
+    """free_device_memory() when the cached but unused memory exceeds IDLE_CACHE_FRACTION of
+    the device (cheap to check; emptying on every capture would cost more than capturing)."""
+    idle = torch.cuda.memory_reserved() - torch.cuda.memory_allocated()
+    if idle > IDLE_CACHE_FRACTION * torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory:
+        free_device_memory()
 
 
 def free_device_memory() -> None:

@@ -49,6 +49,7 @@ from mosaic.profile.graph_timing import (
     Timing,
     TimingConfig,
     free_device_memory,
+    memory_state,
     time_group,
 )
 from mosaic.profile.sampling import batch_grid, coarse_points, refine
@@ -177,6 +178,8 @@ class ModelProfiler:
                 how = "timed eagerly" if bench.eager else f"captured in {bench.mode} mode"
                 self._note(f"{name}: capture failed at batch {b} ({bench.capture_errors[0]}); {how}")
         self._benches.clear()
+        if torch.cuda.is_available():
+            free_device_memory()  # the next module starts from an empty cache
 
     def _note(self, note: str) -> None:
         key = note.split(" at batch")[0]
@@ -193,6 +196,10 @@ class ModelProfiler:
         self._drop_benches()
         self._inputs.clear()
         self.modules.clear()
+        if report is not None:
+            # Dynamo's caches keep the compiled modules' frames, and with them their weights,
+            # alive after the model is done: the next model would start on a fuller GPU.
+            torch._dynamo.reset()
         if torch.cuda.is_available():
             free_device_memory()
 
@@ -424,8 +431,11 @@ def profile_models(models: Sequence[str], db_path: str, cfg: ProfilerConfig,
             except Exception as exc:  # keep the other models' profiles; say what broke
                 log(f"[{name}] FAILED: {type(exc).__name__}: {exc}\n{traceback.format_exc()}")
                 reports.append(ModelReport(model=name, notes=[f"failed: {exc}"]))
-                torch.cuda.synchronize()
-                torch.cuda.empty_cache()
+            else:
+                continue
+            # Out of the except block, so the traceback no longer holds the model's tensors.
+            torch._dynamo.reset()
+            _quiet_free()
         if not update:
             db.add_comm(_comm(cfg.hardware, log))
             db.set_meta("profile_wall_s", f"{time.perf_counter() - start:.1f}")
@@ -433,6 +443,14 @@ def profile_models(models: Sequence[str], db_path: str, cfg: ProfilerConfig,
         bank.close()
         db.close()
     return reports
+
+
+def _quiet_free() -> None:
+    """free_device_memory() after a failure, whose CUDA error may surface once more here."""
+    try:
+        free_device_memory()
+    except RuntimeError:
+        torch.cuda.empty_cache()
 
 
 def model_signatures(models: Sequence[str], preset: str, kernels: str) -> set[str]:
@@ -452,7 +470,8 @@ def _profile_one(name: str, cfg: ProfilerConfig, db: ProfileDB, bank: StreamBank
     log(f"[{name}] {len(prof.graph.modules)} modules, batches {prof.batches}, "
         f"SMs {bank.sm_values}")
     prof.surfaces(refine_until=t0 + 0.45 * (deadline - t0))
-    log(f"[{name}] surfaces: {prof.report.points} points in {time.perf_counter() - t0:.1f}s")
+    log(f"[{name}] surfaces: {prof.report.points} points in {time.perf_counter() - t0:.1f}s "
+        f"({memory_state()})")
     if cfg.antagonist:
         prof.signatures(antagonist, copy_s)
     prof.colocations(deadline)
