@@ -149,9 +149,6 @@ class _Sim:
         return t
 
     def optimizer(self, t0: float) -> float:
-        per_param = self.perf.optimizer_bytes_per_param
-        if per_param <= 0:
-            return t0
         params: dict[int, float] = {}
         for stage in self.plan.stages:
             for p in stage.placements:
@@ -160,7 +157,9 @@ class _Sim:
                     params[g] = params.get(g, 0) + self.graph.module(p.module).num_params / share
         end = t0
         for g, n in sorted(params.items()):
-            step = n * per_param / self.perf.cluster.gpu.mem_bandwidth_bps
+            step = self.perf.optimizer_step_s(n)
+            if step <= 0:
+                continue
             self.emit("optimizer", len(self.plan.stages), g, t0, t0 + step, 1.0, COMPUTE)
             end = max(end, t0 + step)
         return end

@@ -212,16 +212,20 @@ class PerfModel(ABC):
     def optimizer_s(self, plan: Plan, graph: MMGraph) -> float:
         """The optimizer step after the last backward: the GPU holding the most parameters
         (a TP shard holds 1/t of its module's, a sharded placement 1/DP)."""
-        if self.optimizer_bytes_per_param <= 0:
-            return 0.0
         params: dict[int, float] = {}
         for stage in plan.stages:
             for p in stage.placements:
                 for g in p.gpus:
                     share = p.tensor_parallel * (p.dp_degree if p.shard else 1)
                     params[g] = params.get(g, 0) + graph.module(p.module).num_params / share
-        most = max(params.values(), default=0)
-        return most * self.optimizer_bytes_per_param / self.cluster.gpu.mem_bandwidth_bps
+        return self.optimizer_step_s(max(params.values(), default=0))
+
+    def optimizer_step_s(self, num_params: float) -> float:
+        """One optimizer step over `num_params` parameters on one GPU: its memory traffic at
+        the datasheet bandwidth (0 where module times include the step)."""
+        if self.optimizer_bytes_per_param <= 0:
+            return 0.0
+        return num_params * self.optimizer_bytes_per_param / self.cluster.gpu.mem_bandwidth_bps
 
     def iteration_time_s(self, plan: Plan, graph: MMGraph) -> float:
         """T_iteration = sum over stages of T_stage (+ activation transfers between GPU sets,

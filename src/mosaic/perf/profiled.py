@@ -59,6 +59,8 @@ from mosaic.profile.db import (
     default_db_path,
     module_signature,
 )
+from mosaic.profile.optimizer import OptimizerFit
+from mosaic.profile.optimizer import stored_fit as stored_optimizer_fit
 
 RHO = 4.0
 """Sharpness of the soft minimum between the SMs given and the SMs the work can fill."""
@@ -494,6 +496,7 @@ class ProfiledModel(PerfModel):
             self._comm = _comm_curves(db)
             self.engine = engine
             self.engine_term: EngineTerm | None = stored_term(db, engine)
+            self.optimizer_fit: OptimizerFit | None = stored_optimizer_fit(db)
         finally:
             if owned:
                 db.close()
@@ -515,7 +518,7 @@ class ProfiledModel(PerfModel):
         return (f"profiled ({self.db_path.name}: {preferred} measured {s.prefer} modules of "
                 f"{len(s.surfaces)}; "
                 f"interference={p.variant} [{coef}], {fitted}{err_s}; modules not in the DB: "
-                f"{s.fallback.describe()}; {self.comm_summary()}; "
+                f"{s.fallback.describe()}; {self.comm_summary()}; {self._optimizer_summary()}; "
                 f"{self._engine_summary()})")
 
     def coverage_notes(self, plan: Plan, graph: MMGraph) -> list[str]:
@@ -540,11 +543,23 @@ class ProfiledModel(PerfModel):
                                  "one stands in")
         return notes
 
+    def _optimizer_summary(self) -> str:
+        fit = self.optimizer_fit
+        if fit is None:
+            return f"optimizer: {self.optimizer_bytes_per_param:g} B/param at the datasheet bandwidth"
+        return f"optimizer: measured, {fit.fixed_s * 1e3:.2f} ms + {fit.s_per_param * 1e9:.2f} ns/param"
+
     def _engine_summary(self) -> str:
         if self.engine_term is not None:
             return self.engine_term.describe()
         return (f"engine term: none fitted for {self.engine!r}" if self.engine
                 else "engine term: none (no engine kind given)")
+
+    def optimizer_step_s(self, num_params: float) -> float:
+        """The measured optimizer step (profile/optimizer.py) where the DB holds one."""
+        if self.optimizer_fit is None:
+            return super().optimizer_step_s(num_params)
+        return self.optimizer_fit.seconds(num_params)
 
     # --- the engine term: added to the composed iteration, kept separable --------------------
     def engine_term_s(self, plan: Plan, graph: MMGraph) -> float:

@@ -149,11 +149,8 @@ class PlanCoster:
 
     def optimizer_s(self, stages: Sequence[StageChoice]) -> float:
         """As `PerfModel.optimizer_s`: the GPU holding the most parameters steps last."""
-        per_param = getattr(self.space.perf, "optimizer_bytes_per_param", 0.0)
-        if per_param <= 0:
-            return 0.0
         most = max(sum(v) for v in zip(*(self.placed(s)[2] for s in stages), strict=True))
-        return most * per_param / self.space.cluster.gpu.mem_bandwidth_bps
+        return self.space.perf.optimizer_step_s(most)
 
     def overflow_bytes(self, stages: Sequence[StageChoice]) -> float:
         """Bytes the fullest GPU needs beyond the usable memory (<= 0: the plan fits)."""

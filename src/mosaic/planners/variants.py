@@ -33,6 +33,9 @@ class OnlyModes(PerfModel):
         self.name = f"{inner.name}[{'/'.join(self.modes)}]"
         self.optimizer_bytes_per_param = inner.optimizer_bytes_per_param
 
+    def optimizer_step_s(self, num_params: float) -> float:
+        return self.inner.optimizer_step_s(num_params)
+
     def module_time_s(self, module: ModuleSpec, per_gpu_batch: int, sm_share: float = 1.0) -> float:
         return self.inner.module_time_s(module, per_gpu_batch, sm_share)
 

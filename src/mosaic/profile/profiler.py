@@ -13,6 +13,7 @@ Per model, in order (later steps are cut first when the budget runs short):
 3. Colocations of independent modules (pairs, a triple): partition, cap, free and free with a
    high-priority stream, at two per-GPU batches; per-module times alone and together.
 4. Communication curves: measured with NCCL when several GPUs exist, else analytic.
+Then, once per run, the engine's optimizer step over several parameter counts (optimizer.py).
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ from mosaic.profile.graph_timing import (
     memory_state,
     time_group,
 )
+from mosaic.profile.optimizer import profile_optimizer
 from mosaic.profile.sampling import batch_grid, coarse_points, refine
 from mosaic.tensor_parallel import bytes_per_gpu
 
@@ -436,6 +438,9 @@ def profile_models(models: Sequence[str], db_path: str, cfg: ProfilerConfig,
             # Out of the except block, so the traceback no longer holds the model's tensors.
             torch._dynamo.reset()
             _quiet_free()
+        fit = profile_optimizer(db)
+        log(f"optimizer step (fused AdamW): {fit.fixed_s * 1e3:.2f} ms + "
+            f"{fit.s_per_param * 1e9:.2f} ns per parameter")
         if not update:
             db.add_comm(_comm(cfg.hardware, log))
             db.set_meta("profile_wall_s", f"{time.perf_counter() - start:.1f}")
