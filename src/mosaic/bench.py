@@ -59,7 +59,8 @@ def perf_model_for(name: str, cluster: ClusterSpec, preset: str, db: str | Path 
         raise BenchError("--profile-db is read by the profiled model; drop --perf-model "
                          "analytic (or --profile-db)")
     return make_perf_model(name, cluster, preset=preset, db=db,
-                           engine=engine_kind(dataclasses.asdict(engine), cluster.num_gpus))
+                           engine=engine_kind(dataclasses.asdict(engine), cluster.num_gpus),
+                           accumulation=engine.accumulation)
 
 
 def run_bench(model: Any, graph: MMGraph, cluster: ClusterSpec, config: BenchConfig, *,

@@ -17,8 +17,9 @@ def make_perf_model(name: str, cluster, **kwargs) -> PerfModel:
 
         given = kwargs.get("db") is not None
         name = "profiled" if given or has_shipped_db(cluster.gpu.name) else "analytic"
+    accumulation = kwargs.get("accumulation", 1)
     if name == "analytic":
-        return AnalyticModel(cluster)
+        return AnalyticModel(cluster).accumulating(accumulation)
     if name == "profiled":  # lazy: scipy and the DB are only needed when asked for
         from mosaic.perf.engine_term import gpu_engine_kind
         from mosaic.perf.profiled import ProfiledModel
@@ -26,5 +27,6 @@ def make_perf_model(name: str, cluster, **kwargs) -> PerfModel:
         # Predictions are for the engine a plan will run on: by default the GPU engine
         # (compiled modules, CUDA graphs), whose surfaces and engine term the profile holds.
         return ProfiledModel(cluster, kwargs.get("db"), interference=kwargs.get("interference", "aware"),
-                             engine=kwargs.get("engine", gpu_engine_kind(cluster.num_gpus)))
+                             engine=kwargs.get("engine", gpu_engine_kind(cluster.num_gpus))
+                             ).accumulating(accumulation)
     raise PerfModelError(f"unknown perf model {name!r}; choose one of {', '.join(PERF_MODELS)}")

@@ -225,7 +225,11 @@ def rows_from_results(paths: str | Path | Iterable[str | Path],
         for r in report.get("results", []):
             if not (r.get("plan") and r.get("measured_iteration_s")):
                 continue
-            kind = engine_kind(row_engine(report, r), report.get("gpus"))
+            engine = row_engine(report, r) or {}
+            if (repredict is None and engine.get("accumulation", 1) > 1
+                    and "accumulated" not in str(r["plan"].get("perf_model", ""))):
+                continue  # predicted before the model knew of the engine's accumulation
+            kind = engine_kind(engine, report.get("gpus"))
             predicted = (repredict.predict(report, r, engine_term=False) if repredict is not None
                          else r.get("predicted_iteration_s"))
             if predicted:

@@ -547,7 +547,7 @@ class ProfiledModel(PerfModel):
         fit = self.optimizer_fit
         if fit is None:
             return f"optimizer: {self.optimizer_bytes_per_param:g} B/param at the datasheet bandwidth"
-        return f"optimizer: measured, {fit.fixed_s * 1e3:.2f} ms + {fit.s_per_param * 1e9:.2f} ns/param"
+        return f"optimizer: measured, {fit.fixed_s * 1e3:.2f} ms + {fit.s_per_param * 1e12:.2f} ps/param"
 
     def _engine_summary(self) -> str:
         if self.engine_term is not None:
@@ -560,6 +560,14 @@ class ProfiledModel(PerfModel):
         if self.optimizer_fit is None:
             return super().optimizer_step_s(num_params)
         return self.optimizer_fit.seconds(num_params)
+
+    def memory_pass_s(self, num_params: float, bytes_per_param: float) -> float:
+        """At the bandwidth the measured optimizer step reached over its bytes (a streaming
+        pass over the parameters as it is), else the datasheet's."""
+        fit = self.optimizer_fit
+        if fit is None or fit.s_per_param <= 0:
+            return super().memory_pass_s(num_params, bytes_per_param)
+        return num_params * bytes_per_param / self.optimizer_bytes_per_param * fit.s_per_param
 
     # --- the engine term: added to the composed iteration, kept separable --------------------
     def engine_term_s(self, plan: Plan, graph: MMGraph) -> float:

@@ -26,20 +26,22 @@ def hardware_of(report: dict[str, Any]) -> str | None:
 
 
 class Repredictor:
-    """Today's profiled model, one per (hardware, GPU count, engine kind), on one ProfileDB."""
+    """Today's profiled model, one per (hardware, GPU count, engine kind, accumulation), on
+    one ProfileDB."""
 
     def __init__(self, db: str | Path | None = None) -> None:
         self.db = db
-        self._models: dict[tuple[str, int, str], Any] = {}
+        self._models: dict[tuple[str, int, str, int], Any] = {}
         self._graphs: dict[tuple, MMGraph] = {}
 
-    def _model(self, hardware: str, num_gpus: int, engine: str) -> Any:
+    def _model(self, hardware: str, num_gpus: int, engine: str, accumulation: int = 1) -> Any:
         from mosaic.perf.profiled import ProfiledModel
 
-        key = (hardware, num_gpus, engine)
+        key = (hardware, num_gpus, engine, accumulation)
         if key not in self._models:
-            self._models[key] = ProfiledModel(make_cluster(num_gpus, hardware),
-                                              self.db or default_db_path(hardware), engine=engine)
+            self._models[key] = ProfiledModel(
+                make_cluster(num_gpus, hardware), self.db or default_db_path(hardware),
+                engine=engine).accumulating(accumulation)
         return self._models[key]
 
     def graph(self, report: dict[str, Any]) -> MMGraph:
@@ -60,13 +62,15 @@ class Repredictor:
             plan = Plan.from_dict(row["plan"])
         except (PlanError, ValueError):
             return None
-        return self.predict_plan(hardware, engine_kind(row_engine(report, row), report.get("gpus")),
-                                 plan,
-                                 self.graph(report), engine_term=engine_term)
+        engine = row_engine(report, row) or {}
+        return self.predict_plan(hardware, engine_kind(engine, report.get("gpus")), plan,
+                                 self.graph(report), engine_term=engine_term,
+                                 accumulation=int(engine.get("accumulation", 1)))
 
     def predict_plan(self, hardware: str, engine: str, plan: Plan, graph: MMGraph, *,
-                     engine_term: bool = True) -> float:
-        """Seconds per iteration of `plan` on `engine` (an engine_term.engine_kind)."""
-        model = self._model(hardware, plan.num_gpus, engine)
+                     engine_term: bool = True, accumulation: int = 1) -> float:
+        """Seconds per iteration of `plan` on `engine` (an engine_term.engine_kind), with
+        `accumulation` micro-steps per optimizer step."""
+        model = self._model(hardware, plan.num_gpus, engine, accumulation)
         seconds = model.iteration_time_s(plan, graph)
         return seconds if engine_term else seconds - model.engine_term_s(plan, graph)

@@ -439,8 +439,8 @@ def profile_models(models: Sequence[str], db_path: str, cfg: ProfilerConfig,
             torch._dynamo.reset()
             _quiet_free()
         fit = profile_optimizer(db)
-        log(f"optimizer step (fused AdamW): {fit.fixed_s * 1e3:.2f} ms + "
-            f"{fit.s_per_param * 1e9:.2f} ns per parameter")
+        log(f"optimizer step (fused AdamW): {fit.fixed_s * 1e3:.3f} ms + "
+            f"{fit.s_per_param * 1e12:.2f} ps per parameter")
         if not update:
             db.add_comm(_comm(cfg.hardware, log))
             db.set_meta("profile_wall_s", f"{time.perf_counter() - start:.1f}")
