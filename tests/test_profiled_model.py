@@ -200,7 +200,9 @@ def test_shipped_h200_db_predicts_its_own_measurements():
         assert len(db.colocations()) > 0
     models = {"eager": ProfiledModel(make_cluster(8, "h200")),
               "compile-default": ProfiledModel(make_cluster(8, "h200"),
-                                               engine="graphs+compile-default")}
+                                               engine="graphs+compile-default"),
+              "compile-default-blocks": ProfiledModel(
+                  make_cluster(8, "h200"), engine="graphs+compile-default+blocks-scope")}
     kernels = {m.signature: m.kernels for m in modules}
     specs = {m.signature: m.spec for m in modules}
     assert set(kernels.values()) == set(models)  # the engine's compiled modules are profiled

@@ -113,7 +113,7 @@ def test_profiled_model_costs_sharding_on_its_measured_curves_and_steps_a_shard(
     # the optimizer steps the GPU holding the most parameters: half the LLM, plus the vision
     params = graph.module("llm").num_params / 2 + graph.module("vision").num_params
     assert perf.optimizer_s(plan, graph) == pytest.approx(
-        params * perf.optimizer_bytes_per_param / cluster.gpu.mem_bandwidth_bps)
+        perf.optimizer_step_s(params))
 
 
 # --- planners --------------------------------------------------------------------------------
