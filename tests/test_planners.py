@@ -5,13 +5,14 @@ Graphs are seeded: OFASys-like synthetic graphs and random DAGs with random modu
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
 
 from mosaic.graph import MMGraph, ModuleSpec
 from mosaic.hardware import make_cluster
-from mosaic.perf import AnalyticModel
+from mosaic.perf import AnalyticModel, make_perf_model
 from mosaic.plan import Plan, PlanError, gpu_memory_bytes
 from mosaic.planners import PLANNERS, get_planner, plan_all
 from mosaic.planners.gahc import GAHCConfig, plan_gahc
@@ -281,3 +282,20 @@ def test_min_gain_keeps_the_baseline_when_colocation_barely_helps():
     assert gain > 0  # colocation helps on this graph...
     cautious = plan_mosaic(graph, cluster, perf, MosaicPlannerConfig(min_gain=min(0.99, gain + 0.01)))
     assert cautious.predicted_iteration_s == pytest.approx(baseline)  # ...but not by enough
+
+
+def test_accumulating_plans_are_searched_for_one_micro_step_and_predicted_for_the_step():
+    """A batch that fits only as micro-steps: the planners refuse it in one step, plan it
+    accumulated (the point of accumulation), and predict the whole accumulated step."""
+    graph = encoders_and_head(3, batch=4096)  # about 614 GiB of activations in one step
+    cluster = make_cluster(1, "h200")
+    with pytest.raises(PlanError):
+        plan_all(graph, cluster, make_perf_model("analytic", cluster), ["megatron"])
+    perf = make_perf_model("analytic", cluster, accumulation=32)
+    (plan,) = plan_all(graph, cluster, perf, ["megatron"])
+    assert plan.predicted_iteration_s == pytest.approx(perf.iteration_time_s(plan, graph))
+    assert "32 accumulated micro-steps" in plan.perf_model
+    micro = dataclasses.replace(graph, global_batch=128)
+    one_step = make_perf_model("analytic", cluster)
+    assert perf.iteration_time_s(plan, graph) > 32 * (one_step.iteration_time_s(plan, micro)
+                                                      - one_step.optimizer_s(plan, micro))

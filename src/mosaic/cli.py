@@ -521,12 +521,13 @@ def _training_plan(model: str, preset: str, batch: int | None, gpus: int, hardwa
     from mosaic.zoo import get_model
 
     graph = get_model(model).graph(preset, global_batch=batch)
+    cluster = make_cluster(gpus, hardware)
+    # Accumulating, the plan is searched for one micro-step's batch (what must fit).
+    perf = load_perf_model(perf_model, cluster, preset, profile_db,
+                           accumulation=engine.accumulation)
     if not autotune:
         return plan_on_rank0(graph, gpus, d.device, hardware=hardware,
-                             planner=planner or "mosaic", perf_model=perf_model,
-                             profile_db=profile_db)
-    cluster = make_cluster(gpus, hardware)
-    perf = load_perf_model(perf_model, cluster, preset, profile_db)
+                             planner=planner or "mosaic", perf_model=perf)
     tuned, tuned_db = autotune_recorded(get_model(model), preset, graph, cluster, perf,
                                         autotune, engine, cpu=d.device.type == "cpu")
     if d.rank == 0:

@@ -17,7 +17,7 @@ import math
 import os
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Protocol
@@ -203,6 +203,14 @@ def _agree_on_plan(config: TrainConfig, d: Dist) -> Plan:
     return Plan.from_dict(shared)
 
 
+def micro_step_graph(graph: MMGraph, accumulation: int) -> MMGraph:
+    """The graph of one micro-step (the session refuses an accumulation that does not divide
+    the batch, naming the fix)."""
+    if accumulation <= 1 or graph.global_batch % accumulation:
+        return graph
+    return replace(graph, global_batch=graph.global_batch // accumulation)
+
+
 def _check_memory(plan: Plan, graph: MMGraph, d: Dist) -> None:
     """The plan's per-GPU estimate against each GPU's free memory, checked identically on all
     ranks (free memory is shared first), so all fail together or none does."""
@@ -235,8 +243,10 @@ def train(config: TrainConfig, model: TrainableModel | None = None) -> TrainResu
         graph = model.graph(config.preset, config.global_batch)
         plan = _agree_on_plan(config, d)
         check_world_size(plan, d.world_size)
-        plan.validate(graph, make_cluster(plan.num_gpus, config.hardware))
-        _check_memory(plan, graph, d)
+        # What must fit is one micro-step's batch (the point of accumulating).
+        step_graph = micro_step_graph(graph, config.engine.accumulation)
+        plan.validate(step_graph, make_cluster(plan.num_gpus, config.hardware))
+        _check_memory(plan, step_graph, d)
         session, optimizer, compiled = _build(config, model, graph, plan, d)
         setup_s = time.perf_counter() - t_setup
         first = _resume(config, session, optimizer, d)

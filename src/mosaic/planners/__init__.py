@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from mosaic.graph import MMGraph
@@ -32,7 +34,7 @@ PLANNERS: dict[str, Planner] = {
 }
 
 __all__ = ["PLANNERS", "MosaicPlannerConfig", "get_planner", "make_plan", "plan_all",
-           "plan_mosaic"]
+           "plan_mosaic", "run_planner"]
 
 
 def get_planner(name: str) -> Planner:
@@ -53,7 +55,7 @@ def plan_all(graph: MMGraph, cluster: ClusterSpec, perf: PerfModel,
     plans, errors = [], []
     for name, planner in zip(names, planners, strict=True):
         try:
-            plans.append(planner(graph, cluster, perf))
+            plans.append(run_planner(planner, graph, cluster, perf))
         except PlanError as exc:
             errors.append(f"{name}: {exc}")
     if not plans:
@@ -70,4 +72,21 @@ def make_plan(graph: MMGraph, cluster: ClusterSpec, planner: str = "mosaic",
 
     perf = perf_model if isinstance(perf_model, PerfModel) else make_perf_model(
         perf_model, cluster, preset=graph.preset, db=profile_db)
-    return get_planner(planner)(graph, cluster, perf)
+    return run_planner(get_planner(planner), graph, cluster, perf)
+
+
+def run_planner(planner: Planner, graph: MMGraph, cluster: ClusterSpec,
+                perf: PerfModel) -> Plan:
+    """`planner`'s plan of `graph`. Where `perf` predicts gradient accumulation (K micro-steps
+    per step), the plan is searched for one micro-step, global_batch / K: that is what must
+    fit in memory (the point of accumulating) and what the schedule runs K times; it is then
+    predicted for the whole accumulated step."""
+    micro_steps = perf.accumulation
+    if micro_steps == 1:
+        return planner(graph, cluster, perf)
+    if graph.global_batch % micro_steps:
+        raise PlanError(f"accumulation={micro_steps} must divide global_batch "
+                        f"{graph.global_batch}")
+    micro = replace(graph, global_batch=graph.global_batch // micro_steps)
+    per_micro_step = copy.copy(perf).accumulating(1)
+    return perf.predict(planner(micro, cluster, per_micro_step), graph)
