@@ -4,7 +4,7 @@ Every green context and stream is made once, in `SMPartitionPool.create`: on the
 costs about 2 ms and 4 MiB of device memory, and creating one WAITS for the work already queued
 on the device (29 ms behind 30 ms of matmuls, against 1.6 ms idle), so making one inside a step
 would drain the pipeline. A step only looks streams up (0.1 us). How the contexts are carved
-(DESIGN.md, method (a)):
+(split once, then one descriptor per partition):
 
 1. ONE `cuDevSmResourceSplitByCount` of the device's SM resource into granularity-sized groups
    ("units"). The driver decides how many it can make (clusters and GPC layout): on the H200 it

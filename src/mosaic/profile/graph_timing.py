@@ -1,7 +1,7 @@
 """GPU mechanics of profiling: one module as CUDA graphs on quota'd streams, timed with events.
 
 A graph keeps its SM quota only when captured ON the green-context stream it is replayed on
-(DESIGN.md), so every (module, batch, stream) gets its own capture. A group of graphs is timed
+(measured on the H200: a graph captured elsewhere runs on every SM), so every (module, batch, stream) gets its own capture. A group of graphs is timed
 together from one start event: a short sleep kernel on a launcher stream gives the host time to
 enqueue every replay, then all member streams wait on the start event, so members start
 together and each member's time is start -> its own end event.
