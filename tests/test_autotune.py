@@ -125,3 +125,15 @@ def test_measurements_of_a_run_on_the_shipped_profile_go_to_a_copy_never_into_th
     own_perf = make_perf_model("profiled", cluster, preset="tiny", db=users)
     assert record_db_for(own_perf, "h200", tmp_path / "runs") == users
     assert record_db_for(make_perf_model("analytic", cluster), "h200", tmp_path / "runs") is None
+
+
+def test_accumulating_candidates_are_planned_for_one_micro_step():
+    """A batch that fits only as micro-steps still has candidates, predicted accumulated."""
+    from tests.helpers import encoders_and_head
+
+    graph, cluster = encoders_and_head(3, batch=4096), make_cluster(1, "h200")
+    with pytest.raises(AutotuneError, match="no planner"):
+        candidate_plans(graph, cluster, make_perf_model("analytic", cluster), k=2)
+    perf = make_perf_model("analytic", cluster, accumulation=32)
+    plans, _ = candidate_plans(graph, cluster, perf, k=2)
+    assert plans and all("32 accumulated micro-steps" in p.perf_model for p in plans.values())

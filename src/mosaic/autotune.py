@@ -25,6 +25,7 @@ import sqlite3
 import time
 import warnings
 from dataclasses import asdict, dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -113,18 +114,19 @@ def _run_planner(name: str, graph: MMGraph, cluster: ClusterSpec, perf: PerfMode
 
 
 def _planned(name: str, graph: MMGraph, cluster: ClusterSpec, perf: PerfModel) -> Plan | None:
-    from mosaic.planners import get_planner
+    from mosaic.planners import get_planner, run_planner
     from mosaic.planners.exhaustive import ExhaustiveConfig, plan_exhaustive
     from mosaic.planners.gahc import GAHCConfig, plan_gahc
 
-    try:
-        if name == "exhaustive":
-            if len(graph.modules) > EXHAUSTIVE_MAX_MODULES:
-                return None
-            return plan_exhaustive(graph, cluster, perf, ExhaustiveConfig(time_limit_s=SEARCH_LIMIT_S))
-        if name == "gahc":
-            return plan_gahc(graph, cluster, perf, GAHCConfig(time_limit_s=SEARCH_LIMIT_S))
-        return get_planner(name)(graph, cluster, perf)
+    planner = get_planner(name)
+    if name == "exhaustive":
+        if len(graph.modules) > EXHAUSTIVE_MAX_MODULES:
+            return None
+        planner = partial(plan_exhaustive, config=ExhaustiveConfig(time_limit_s=SEARCH_LIMIT_S))
+    elif name == "gahc":
+        planner = partial(plan_gahc, config=GAHCConfig(time_limit_s=SEARCH_LIMIT_S))
+    try:  # run_planner: an accumulating model plans one micro-step
+        return run_planner(planner, graph, cluster, perf)
     except PlanError:
         return None
 
