@@ -48,6 +48,8 @@ def test_busy_time_counts_overlapping_streams_once_and_classes_sum_to_the_kernel
     ("nvjet_tst_192x192_64x4_2x1_v_bz_TNT", "gemm"),
     ("void at::native::vectorized_elementwise_kernel<4, CUDAFunctor_add<float>>", "elementwise/reduce"),
     ("void at::native::unrolled_elementwise_kernel<direct_copy_kernel_cuda>", "copy/cast"),
+    ("Memcpy HtoD (Pinned -> Device)", "copy/cast"),
+    ("triton_red_fused__to_copy_add_native_layer_norm_1", "triton (fused)"),
     ("some_custom_kernel", "other"),
 ])
 def test_kernel_names_map_to_classes(name, label):

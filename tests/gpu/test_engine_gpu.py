@@ -15,7 +15,13 @@ import torch
 
 from mosaic.engine.session import EngineConfig
 from mosaic.engine.trainer import TrainConfig, train
-from tests.test_engine import ToyModel, one_gpu_plans, reference_state
+from tests.test_engine import (
+    ToyModel,
+    assert_state_close,
+    one_gpu_plans,
+    reference_state,
+    state_of,
+)
 from tests.test_engine_dist import LR, STEPS, cases_2, check_case, run_workers
 
 pytestmark = pytest.mark.gpu
@@ -80,3 +86,47 @@ def test_overlapped_optimizer_steps_each_module_on_its_stream_as_one_optimizer_w
     for name, want in states["one"].items():
         torch.testing.assert_close(states["overlapped"][name], want, rtol=1e-6, atol=1e-7,
                                    msg=name)
+
+
+FP32 = EngineConfig(amp=False)
+"""float32 on one stream: two runs agree to the last bits but for atomics' order."""
+
+
+@pytest.mark.parametrize("graphs", [False, True])
+def test_steps_in_flight_train_as_steps_read_one_by_one(graphs):
+    """The trainer reads step k while step k+1 runs (engine/steps.py): the same losses and
+    weights as waiting for every step, with CUDA graphs replaying over the same buffers."""
+    from mosaic.zoo import get_model
+
+    plan = one_gpu_plans(get_model("imagebind").graph("tiny"))["temporal"]
+
+    def run(read_each_step: bool):
+        engine = EngineConfig(amp=False, graphs=graphs)
+        return train(TrainConfig(model="imagebind", preset="tiny", plan=plan, steps=6,
+                                 warmup_steps=1, engine=engine, device="cuda", progress=False,
+                                 read_each_step=read_each_step))
+
+    one_by_one, in_flight = run(True), run(False)
+    np.testing.assert_allclose([s["loss"] for s in in_flight.steps],
+                               [s["loss"] for s in one_by_one.steps], rtol=1e-5)
+    assert_state_close(state_of(in_flight.modules), state_of(one_by_one.modules))
+
+
+def test_a_nan_step_is_skipped_on_the_gpu_without_a_host_check(monkeypatch):
+    """Fused AdamW told `found_inf` by the device: the skipped step leaves every weight as the
+    clean run's after step 1 (an applied update, even of zero gradients, moves them by about
+    the learning rate), though the host read the step only after launching the next."""
+    from mosaic.zoo import get_model
+
+    plan = one_gpu_plans(get_model("imagebind").graph("tiny"))["temporal"]
+
+    def run(steps: int):
+        return train(TrainConfig(model="imagebind", preset="tiny", plan=plan, steps=steps,
+                                 warmup_steps=1, engine=FP32, device="cuda", progress=False,
+                                 skip_nonfinite=True))
+
+    clean = run(2)
+    monkeypatch.setenv("MOSAIC_FAULT", "nan:rank=0:step=2")
+    skipped = run(3)
+    assert [("skipped" in r) for r in skipped.steps] == [False, False, True]
+    assert_state_close(state_of(skipped.modules), state_of(clean.modules))

@@ -100,6 +100,9 @@ class Dist:
     world_size: int
     device: torch.device
     owns_group: bool
+    host_group: Any = None
+    """A gloo group beside an NCCL world, for the few floats the host reduces each step (step
+    time, peak memory): over NCCL they would queue behind the GPU's next step and wait for it."""
 
 
 def end_distributed(d: Dist) -> None:
@@ -140,7 +143,22 @@ def start_distributed(device: str | None, timeout_s: float | None = None) -> Dis
             raise SessionError(f"timeout_s={timeout_s} must be > 0 seconds (--timeout-s)")
         _init_group("nccl" if cuda else "gloo", device if cuda else None, timeout_s)
         owns = True
-    return Dist(rank=rank, world_size=world, device=device, owns_group=owns)
+    host_group = None
+    if world > 1 and cuda:
+        timeout = {"timeout": timedelta(seconds=timeout_s)} if timeout_s is not None else {}
+        host_group = dist.new_group(backend="gloo", **timeout)
+    return Dist(rank=rank, world_size=world, device=device, owns_group=owns,
+                host_group=host_group)
+
+
+def host_all_reduce(values: list[float], op: str, d: Dist) -> list[float]:
+    """Host floats reduced over the world ('sum' or 'max') without touching a GPU stream."""
+    if d.world_size == 1:
+        return [float(v) for v in values]
+    t = torch.tensor(values, dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM,
+                    group=d.host_group)
+    return t.tolist()
 
 
 def _init_group(backend: str, device: torch.device | None, timeout_s: float | None) -> None:
@@ -200,10 +218,15 @@ def batch_loader(model: Any, preset: str, global_batch: int, seed: int, step: in
 
 def make_optimizer(name: str, params: list[nn.Parameter], lr: float,
                    weight_decay: float = 0.0) -> torch.optim.Optimizer:
-    """AdamW is fused on CUDA: the default multi-tensor AdamW measured about 100 bytes of
-    memory traffic per parameter on the H200 (10 ms a step for qwen3-vl small), fused about 28."""
+    """Fused where torch has it. On CUDA the default multi-tensor AdamW measured about 100
+    bytes of memory traffic per parameter on the H200 (10 ms a step for qwen3-vl small),
+    fused about 28. And a fused optimizer skips a step's update on the device when told
+    `found_inf`, so the trainer need not wait for the GPU to check a step (engine/steps.py).
+    On a CPU only over plain tensors: the sharded (DTensor) states keep the for-each path."""
+    from torch.distributed.tensor import DTensor
+
     kwargs = {"lr": lr, "weight_decay": weight_decay}
-    if name == "adamw" and params and params[0].is_cuda:
+    if params and (params[0].is_cuda or not any(isinstance(p, DTensor) for p in params)):
         kwargs["fused"] = True
     return OPTIMIZERS[name](_param_groups(params), **kwargs)
 

@@ -13,10 +13,10 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import json
-import math
 import os
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from types import SimpleNamespace
@@ -35,8 +35,9 @@ from mosaic.engine.checkpoint import (
     load_newest_loadable,
     save_checkpoint,
 )
-from mosaic.engine.comm import CommError, PlanComm, check_world_size, share_from_rank0
+from mosaic.engine.comm import CommError, check_world_size, share_from_rank0
 from mosaic.engine.compile import compile_modules
+from mosaic.engine.runner import StepOutput
 from mosaic.engine.session import (
     OPTIMIZERS,
     Dist,
@@ -46,13 +47,15 @@ from mosaic.engine.session import (
     batch_loader,
     build_modules,
     end_distributed,
+    host_all_reduce,
     local_modules,
     make_batch,
     make_optimizer,
     start_distributed,
 )
+from mosaic.engine.steps import StepInFlight, finish_step, launch_step
 from mosaic.engine.tensor_parallel import local_tensor
-from mosaic.engine.timer import Timer
+from mosaic.engine.timer import Mark, Timer
 from mosaic.errors import MosaicError
 from mosaic.graph import MMGraph
 from mosaic.hardware import make_cluster
@@ -127,6 +130,10 @@ class TrainConfig:
     long (when this process starts the process group). None: torch's default."""
     skip_nonfinite: bool = False
     """On a NaN/inf loss or gradient, skip that step's update (logged) instead of stopping."""
+    read_each_step: bool = False
+    """Wait for each step before launching the next, instead of reading it while the next runs
+    (engine/steps.py): every error then surfaces at its own step. For debugging, and to
+    measure the difference (benchmarks/train_in_flight.py)."""
     data: str = "synthetic"
     """What a zoo model trains on (`mosaic.data.DATASETS`): its synthetic inputs, or 'digits'
     (scikit-learn's handwritten digits, CLIP only; zero-shot accuracy in the summary)."""
@@ -317,13 +324,15 @@ def _has_checkpoint(directory: str, d: Dist) -> bool:
 
 def _save_if_due(config: TrainConfig, session: RankSession,
                  optimizer: torch.optim.Optimizer | None, steps_done: int, d: Dist,
-                 fault: Fault | None = None) -> None:
+                 fault: Fault | None = None) -> bool:
+    """Whether a checkpoint was written."""
     ckpt = config.checkpoint
     if ckpt is None or not (ckpt.due(steps_done) or steps_done == config.steps):
-        return
+        return False
     with _fault_in_checkpoint(fault, d.rank, steps_done):
         save_checkpoint(ckpt.directory, steps_done, session.modules, optimizer,
                         plan=session.plan, keep_last=ckpt.keep_last)
+    return True
 
 
 @contextlib.contextmanager
@@ -469,7 +478,6 @@ def _board_scalars(board: Any, row: dict[str, Any]) -> None:
 
 def _loop(config: TrainConfig, model: TrainableModel, graph: MMGraph, session: RankSession,
           optimizer: torch.optim.Optimizer | None, d: Dist, first: int = 0, board: Any = None):
-    timer = Timer(d.device)
     fault = Fault.from_env()  # test-only fault injection; None in a real run
     steps: list[dict[str, Any]] = []
     timeline: list[dict[str, Any]] = []
@@ -478,83 +486,107 @@ def _loop(config: TrainConfig, model: TrainableModel, graph: MMGraph, session: R
         with _progress(config, d) as (bar, task), _torch_trace(config, d, first) as tracer, \
                 RowPrefetcher(model, config, graph, session, range(first, config.steps)) as rows:
             bar.update(task, advance=first)
+
+            def record(row: dict[str, Any]) -> None:
+                row["warmup"] = row["step"] - first < config.warmup_steps  # a resumed run too
+                steps.append(row)
+                if metrics is not None:
+                    metrics.write(json.dumps(row) + "\n")
+                    metrics.flush()
+                _board_scalars(board, row)
+                bar.update(task, advance=1, loss=row["loss"], ms=1e3 * row["step_time_s"])
+
+            pipeline = _StepPipeline(config, graph, session, optimizer, d, fault, record)
             for step in range(first, config.steps):
                 if fault is not None and fault.due(d.rank, step):
                     fault.fire()
                 _mark_progress(d, step)
                 with _named_failures(config, session, d, step):
-                    row, out = _train_step(config, rows, graph, session, optimizer, d, timer,
-                                           step, fault)
-                    row["warmup"] = step - first < config.warmup_steps  # a resumed run warms up too
-                    steps.append(row)
+                    pipeline.launch(step, rows.get(step))
+                    output = _between_steps(config, session, optimizer, d, fault, pipeline,
+                                            rows, step, first)
                     if config.engine.timeline and step == config.steps - 1:
-                        timeline = _gather_timeline(session.runner.timeline(out), d)
-                    if step == first:
-                        rows.settle()  # pinning allocates host memory: not during a capture
-                        session.capture_graphs()  # no-op unless graphs are on
-                    _save_if_due(config, session, optimizer, step + 1, d, fault)
-                if metrics is not None:
-                    metrics.write(json.dumps(row) + "\n")
-                    metrics.flush()
-                _board_scalars(board, row)
+                        timeline = _gather_timeline(session.runner.timeline(output), d)
                 tracer.step()
-                bar.update(task, advance=1, loss=row["loss"], ms=1e3 * row["step_time_s"])
     finally:
         if metrics is not None:
             metrics.close()
     return steps, timeline
 
 
-def _train_step(config: TrainConfig, rows: RowPrefetcher, graph: MMGraph,
-                session: RankSession, optimizer: torch.optim.Optimizer | None, d: Dist,
-                timer: Timer, step: int, fault: Fault | None):
-    """One optimizer step and its metrics line. A non-finite loss or gradient stops the run
-    before the update, or (skip_nonfinite) skips the update."""
-    data = session.to_device(rows.get(step))
-    if optimizer is not None:
-        optimizer.zero_grad(set_to_none=True)
-    start = timer.mark()
-    out = session.step(data)
-    if fault is not None and fault.action == "nan" and fault.due(d.rank, step):
-        _poison_gradient(session)
-    total_loss, bad = _loss_and_nonfinite(session, out.loss, d)
-    if bad and not config.skip_nonfinite:
-        raise TrainError(f"step {step}: non-finite {', '.join(bad)}; lower --lr or check the "
-                         "inputs, or pass --skip-nonfinite to skip such steps' updates")
-    if optimizer is not None and not bad:
-        optimizer.step()
-    end = timer.mark()
-    row = _step_metrics(step, config, graph, session.comm, d, total_loss,
-                        timer.seconds(start, end))
-    if bad:
-        row["skipped"] = ", ".join(bad)
-        if d.rank == 0:
-            print(f"mosaic: warning: step {step}: non-finite {row['skipped']}; its update was "
+def _between_steps(config: TrainConfig, session: RankSession,
+                   optimizer: torch.optim.Optimizer | None, d: Dist, fault: Fault | None,
+                   pipeline: _StepPipeline, rows: RowPrefetcher, step: int,
+                   first: int) -> StepOutput | None:
+    """What runs after launching `step`: reading it where it must be done (before the graph
+    capture after the first step, a checkpoint, the end; or always, `read_each_step`), the
+    capture and the checkpoint. The step's output when it was read."""
+    last = step == config.steps - 1
+    due = config.checkpoint is not None and config.checkpoint.due(step + 1)
+    output = pipeline.drain() if step == first or last or due or config.read_each_step else None
+    if step == first:
+        rows.settle()  # pinning allocates host memory: not during a capture
+        session.capture_graphs()  # no-op unless graphs are on
+        pipeline.pause()
+    if _save_if_due(config, session, optimizer, step + 1, d, fault):
+        pipeline.pause()
+    return output
+
+
+class _StepPipeline:
+    """Launches each step behind the one before and reads that one afterwards
+    (engine/steps.py says why), turning each into its metrics line. A step's time runs from
+    the previous step's end on the GPU, so time the GPU waited for the host between steps
+    counts, unless something else ran there (`pause`: graph capture, a checkpoint save)."""
+
+    def __init__(self, config: TrainConfig, graph: MMGraph, session: RankSession,
+                 optimizer: torch.optim.Optimizer | None, d: Dist, fault: Fault | None,
+                 record: Callable[[dict[str, Any]], None]) -> None:
+        self.config, self.graph, self.session, self.optimizer = config, graph, session, optimizer
+        self.d, self.fault, self.record = d, fault, record
+        self.timer = Timer(d.device)
+        self.pending: tuple[StepInFlight, Mark | None] | None = None
+        self.last_end: Mark | None = None
+
+    def launch(self, step: int, rows: list[dict[str, Any]]) -> None:
+        poison = (_poison_gradient if self.fault is not None and self.fault.action == "nan"
+                  and self.fault.due(self.d.rank, step) else None)
+        flight, checked = launch_step(self.session, self.optimizer, rows, self.timer, step, poison)
+        before, self.pending = self.pending, (flight, self.last_end)
+        self.last_end = flight.end
+        if before is not None:
+            self._finish(*before)
+        if checked and not self.config.skip_nonfinite:  # checked on the host: stop now
+            self._judge(step, checked)
+
+    def drain(self) -> StepOutput | None:
+        """Read the step in flight (waits for it); its output."""
+        pending, self.pending = self.pending, None
+        if pending is None:
+            return None
+        self._finish(*pending)
+        return pending[0].output
+
+    def pause(self) -> None:
+        """Work other than steps ran since the last step: the next step's time starts at its
+        own launch."""
+        self.last_end = None
+
+    def _finish(self, flight: StepInFlight, since: Mark | None) -> None:
+        done = finish_step(flight, self.timer, since)
+        row = _step_metrics(done.step, self.config, self.graph, self.d, done.loss, done.seconds)
+        if done.bad:
+            self._judge(done.step, done.bad)
+            row["skipped"] = ", ".join(done.bad)
+        self.record(row)
+
+    def _judge(self, step: int, bad: list[str]) -> None:
+        if not self.config.skip_nonfinite:
+            raise TrainError(f"step {step}: non-finite {', '.join(bad)}; lower --lr or check "
+                             "the inputs, or pass --skip-nonfinite to skip such steps' updates")
+        if self.d.rank == 0:
+            print(f"mosaic: warning: step {step}: non-finite {', '.join(bad)}; its update was "
                   "skipped (--skip-nonfinite)", file=sys.stderr, flush=True)
-    return row, out
-
-
-def _loss_and_nonfinite(session: RankSession, loss: torch.Tensor, d: Dist) -> tuple[float, list[str]]:
-    """The step's loss summed over ranks, and what was not finite: 'loss', 'gradient of
-    module X'. One host sync (it replaces the loss's .item()) and one all-reduce of a few
-    floats per step: each rank's loss share and, per module of the plan, 1.0 when any of its
-    gradients here is NaN/inf; summed, so every rank agrees (a module may live on one rank)."""
-    names = sorted({p.module for s in session.plan.stages for p in s.placements})
-    values = [loss.detach().float().reshape(())]
-    for name in names:
-        # A TP shard's local gradient: the flags are summed over ranks anyway.
-        grads = [local_tensor(p.grad) for p in session.modules[name].parameters()
-                 if p.grad is not None] if name in session.modules else []
-        # A norm is NaN/inf iff some element is (or the sum overflows fp32: as unusable).
-        values.append(torch.stack(torch._foreach_norm(grads)).float().sum() if grads
-                      else torch.zeros((), device=values[0].device))
-    host = torch.stack([v.to(values[0].device) for v in values]).tolist()
-    flags = [0.0 if math.isfinite(v) else 1.0 for v in host]
-    reduced = session.comm.all_reduce_scalars([host[0], *flags], "sum")
-    total, loss_bad, module_bad = reduced[0], reduced[1], reduced[2:]
-    bad = (["loss"] if loss_bad or not math.isfinite(total) else [])
-    bad += [f"gradient of module {n!r}" for n, f in zip(names, module_bad, strict=True) if f]
-    return total, bad
 
 
 def _poison_gradient(session: RankSession) -> None:
@@ -566,12 +598,12 @@ def _poison_gradient(session: RankSession) -> None:
                 return
 
 
-def _step_metrics(step: int, config: TrainConfig, graph: MMGraph, comm: PlanComm, d: Dist,
+def _step_metrics(step: int, config: TrainConfig, graph: MMGraph, d: Dist,
                   total_loss: float, step_time_s: float) -> dict[str, Any]:
     """One metrics line: the loss summed over ranks' shares (already reduced), time and memory
     of the slowest rank."""
     peak = torch.cuda.max_memory_allocated(d.device) if d.device.type == "cuda" else 0
-    slowest_s, peak = comm.all_reduce_scalars([step_time_s, float(peak)], "max")
+    slowest_s, peak = host_all_reduce([step_time_s, float(peak)], "max", d)
     row = {"step": step, "loss": total_loss, "step_time_s": slowest_s,
            "samples_per_s": graph.global_batch / slowest_s if slowest_s > 0 else None,
            "warmup": step < config.warmup_steps}

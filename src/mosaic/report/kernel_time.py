@@ -27,11 +27,13 @@ KERNEL_CLASSES: tuple[tuple[str, str], ...] = (
     ("attention", r"flash|fmha|attention|attn|sdpa"),
     ("gemm", r"gemm|cutlass|xmma|nvjet|cublas|matmul|wgmma|sm90_|sm80_"),
     ("optimizer", r"multi_tensor|adam|sgd"),
-    ("copy/cast", r"memcpy|memset|copy|cast|convert"),
     ("triton (fused)", r"^triton"),
+    ("copy/cast", r"memcpy|memset|copy|cast|convert"),
     ("elementwise/reduce", r"elementwise|vectorized|reduce|unrolled|fill|where|index"),
 )
-"""First match wins, case-insensitive; anything else is `other`."""
+"""First match wins, case-insensitive; anything else is `other`. Inductor's fused kernels
+come before copies: their names list every op fused, `_to_copy` among them (a cast fused into
+a layer norm is no copy kernel; summaries before 2026-12-01's fourth session counted them so)."""
 TOP_KERNELS = 15
 
 

@@ -1,0 +1,104 @@
+"""`mosaic train`'s step with steps kept in flight against reading each step before the next.
+
+    PYTHONPATH=src python benchmarks/train_in_flight.py ofasys --preset paper --batch 8 \
+        --compile-scope blocks --steps 30 --rounds 2 --out results/x.json [--trace-dir DIR]
+
+One process, one plan (the mosaic planner's, with the shipped profile), trained from the same
+seed `rounds` times in each mode, alternating (read each step, in flight, read each step, ...):
+CUDA graphs, Inductor, bf16 autocast, fused AdamW, the NaN guard, as `mosaic train` runs.
+Each run's median step time leaves out its warm-up steps (compile and capture). MFU against
+the 989 TF/s datasheet peak. With --trace-dir, one more in-flight run is traced
+(torch.profiler over its last steps) and summarised by kernel class there.
+
+On a CPU it runs the tiny preset to check the script; its times mean nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+
+import torch
+
+from mosaic.api import plan as make_plan
+from mosaic.engine.measure import environment
+from mosaic.engine.session import EngineConfig
+from mosaic.engine.trainer import TrainConfig, train
+from mosaic.hardware import make_cluster
+from mosaic.perf import make_perf_model
+from mosaic.report.kernel_time import summarise_trace_dir
+from mosaic.zoo import get_model
+
+MODES = {"read each step": True, "in flight": False}
+
+
+def arguments() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("model")
+    parser.add_argument("--preset", default="small")
+    parser.add_argument("--batch", type=int, default=None)
+    parser.add_argument("--planner", default="mosaic")
+    parser.add_argument("--compile-scope", default="module", choices=["module", "blocks"])
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--trace-dir", type=Path, default=None)
+    return parser.parse_args()
+
+
+def run_config(args: argparse.Namespace, plan, read_each_step: bool, cuda: bool,
+               trace_dir: Path | None = None) -> TrainConfig:
+    engine = EngineConfig(graphs=cuda, compile="default" if cuda else None,
+                          compile_scope=args.compile_scope)
+    return TrainConfig(model=args.model, preset=args.preset, plan=plan, steps=args.steps,
+                       warmup_steps=args.warmup, global_batch=args.batch, engine=engine,
+                       progress=False, read_each_step=read_each_step,
+                       torch_trace_dir=str(trace_dir) if trace_dir else None)
+
+
+def main() -> None:
+    args = arguments()
+    cuda = torch.cuda.is_available()
+    if not cuda:
+        args.preset, args.steps, args.warmup, args.rounds = "tiny", 4, 1, 1
+    graph = get_model(args.model).graph(args.preset, global_batch=args.batch)
+    cluster = make_cluster(1, "h200")
+    plan = make_plan(graph, 1, planner=args.planner,
+                     perf_model=make_perf_model("auto", cluster, preset=args.preset))
+    runs = []
+    for r in range(args.rounds):
+        for mode, read_each in MODES.items():
+            summary = train(run_config(args, plan, read_each, cuda)).summary
+            runs.append({"mode": mode, "round": r,
+                         "step_time_median_s": summary["step_time_median_s"],
+                         "step_time_p10_s": summary["step_time_p10_s"],
+                         "step_time_p90_s": summary["step_time_p90_s"],
+                         "final_loss": summary["final_loss"]})
+            print(f"round {r} {mode:>15}: {summary['step_time_median_s'] * 1e3:8.2f} ms "
+                  f"(p90 {summary['step_time_p90_s'] * 1e3:.2f})", flush=True)
+    medians = {mode: statistics.median(x["step_time_median_s"] for x in runs if x["mode"] == mode)
+               for mode in MODES}
+    peak = cluster.gpu.datasheet_bf16_flops
+    result = {"model": args.model, "preset": args.preset, "batch": graph.global_batch,
+              "planner": args.planner, "compile_scope": args.compile_scope, "steps": args.steps,
+              "warmup_steps": args.warmup, "plan": plan.to_dict(), "runs": runs,
+              "median_step_s": medians,
+              "mfu": {m: graph.total_flops() / (peak * s) for m, s in medians.items()},
+              "speedup_in_flight": medians["read each step"] / medians["in flight"],
+              "environment": environment()}
+    print(f"{args.model} {args.preset} b{graph.global_batch}: read each step "
+          f"{medians['read each step'] * 1e3:.2f} ms, in flight {medians['in flight'] * 1e3:.2f} "
+          f"ms: {result['speedup_in_flight']:.3f}x; MFU in flight {result['mfu']['in flight']:.1%}")
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=2))
+    if args.trace_dir is not None:
+        train(run_config(args, plan, False, cuda, args.trace_dir))
+        summarise_trace_dir(args.trace_dir)
+
+
+if __name__ == "__main__":
+    main()

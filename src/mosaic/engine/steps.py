@@ -1,0 +1,131 @@
+"""Training steps kept in flight: step k+1 is launched before the host reads step k's loss.
+
+Why: reading a step's loss, or checking its gradients for NaN/inf, on the host waits until
+the GPU has finished the step; the host then launches the optimizer and the next step while
+the GPU idles. A torch.profiler trace of `mosaic train ofasys --preset paper` on the H200
+found the GPU idle 13.4 of every 90 ms that way, and the trained step 15% slower than the
+same plan in `mosaic bench`. Here the host launches step k+1 and only then waits for step k
+(which the GPU has by then finished, with step k+1 queued behind it).
+
+The non-finite guard stays exact. Each step's health (its loss summed over ranks, and per
+module of the plan whether any gradient is NaN/inf) is computed and summed over ranks on
+the device; a fused optimizer reads it as `found_inf` (as AMP's GradScaler uses it) and
+applies no update, counts no step, for a step whose health is bad. The host learns of it
+one step later and stops the run or logs the skip. An optimizer that cannot skip on the
+device (SGD with momentum, sharded DTensor parameters) is checked on the host before its
+update, as every step was before.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
+
+from mosaic.engine.runner import StepOutput
+from mosaic.engine.tensor_parallel import local_tensor
+from mosaic.engine.timer import Mark, Timer
+
+
+@dataclass(slots=True)
+class StepInFlight:
+    """A launched step: what the host reads once the GPU has run it."""
+
+    step: int
+    start: Mark
+    end: Mark
+    health: torch.Tensor
+    """On the host once `end` has passed: [loss summed over ranks, loss not finite, then per
+    module of `modules` 1.0 when some gradient of it is NaN/inf on some rank]."""
+    modules: list[str]
+    output: StepOutput
+
+
+@dataclass(frozen=True, slots=True)
+class StepResult:
+    step: int
+    loss: float
+    seconds: float
+    bad: list[str]
+    """What was not finite: 'loss', "gradient of module 'x'"; the update was not applied."""
+    output: StepOutput
+
+
+def skips_on_device(optimizer: torch.optim.Optimizer | None) -> bool:
+    """Whether `optimizer` itself skips an update when told `found_inf` on the device: the
+    fused AdamW and the fused momentum-free SGD (fused SGD with momentum leaves its buffer
+    uninitialised after a skipped first step: torch 2.13 on CPU). Not over DTensor
+    parameters, whose fused kernels would meet a plain `found_inf`."""
+    if optimizer is None or not optimizer.defaults.get("fused"):
+        return False
+    if isinstance(optimizer, torch.optim.SGD) and any(g["momentum"] for g in optimizer.param_groups):
+        return False
+    return not any(isinstance(p, DTensor) for g in optimizer.param_groups for p in g["params"])
+
+
+def step_health(output: StepOutput, modules: dict[str, torch.nn.Module], names: list[str],
+                world_size: int) -> torch.Tensor:
+    """[loss summed over ranks, loss not finite, per name: some gradient not finite], on the
+    device, summed over ranks there (a module may live on one rank; every rank must agree)."""
+    loss = output.loss.detach().float().reshape(())
+    parts = [loss, (~torch.isfinite(loss)).float()]
+    for name in names:
+        # A TP shard's local gradient: the flags are summed over ranks anyway.
+        grads = [local_tensor(p.grad) for p in modules[name].parameters()
+                 if p.grad is not None] if name in modules else []
+        # A norm is NaN/inf iff some element is (or the sum overflows fp32: as unusable).
+        norm = torch.stack(torch._foreach_norm(grads)).float().sum() if grads else None
+        parts.append((~torch.isfinite(norm)).float() if norm is not None
+                     else torch.zeros((), device=loss.device))
+    health = torch.stack([p.to(loss.device) for p in parts])
+    if world_size > 1:
+        dist.all_reduce(health)
+    return health
+
+
+def launch_step(session: Any, optimizer: torch.optim.Optimizer | None, rows: list[dict],
+                timer: Timer, step: int, poison: Any = None) -> tuple[StepInFlight, list[str] | None]:
+    """Upload `rows`, run forward and backward, compute the step's health and launch the
+    optimizer (told to skip on the device when the health is bad). Returns the step and, when
+    the optimizer cannot skip on the device, what the host found not finite (the update was
+    then not launched when there was any); None when the host has not looked yet."""
+    start = timer.mark()
+    data = session.to_device(rows)
+    if optimizer is not None:
+        optimizer.zero_grad(set_to_none=True)
+    output = session.step(data)
+    if poison is not None:
+        poison(session)
+    names = sorted({p.module for s in session.plan.stages for p in s.placements})
+    health = step_health(output, session.modules, names, session.comm.world_size)
+    checked = None
+    if skips_on_device(optimizer):
+        optimizer.found_inf = (health[1:].sum() > 0).float()
+        optimizer.step()
+    else:
+        checked = read_bad(health.tolist(), names)
+        if optimizer is not None and not checked:
+            optimizer.step()
+    on_host = health.to("cpu", non_blocking=True) if health.is_cuda else health.clone()
+    return StepInFlight(step=step, start=start, end=timer.mark(), health=on_host,
+                        modules=names, output=output), checked
+
+
+def finish_step(flight: StepInFlight, timer: Timer, since: Mark | None = None) -> StepResult:
+    """Wait for `flight` and read it. `since`: the previous step's end when this step was
+    launched right behind it, so that the GPU's time between the two (waiting for the host)
+    counts in this step, as it counts in the run's wall-clock; else the step's own start."""
+    seconds = timer.seconds(since or flight.start, flight.end)
+    values = flight.health.tolist()
+    return StepResult(step=flight.step, loss=values[0], seconds=seconds,
+                      bad=read_bad(values, flight.modules), output=flight.output)
+
+
+def read_bad(values: list[float], names: list[str]) -> list[str]:
+    """The names of what a health vector (see StepInFlight.health) says was not finite."""
+    bad = ["loss"] if values[1] or not math.isfinite(values[0]) else []
+    return bad + [f"gradient of module {n!r}" for n, f in zip(names, values[2:], strict=True) if f]

@@ -1,0 +1,72 @@
+"""Steps kept in flight (engine/steps.py): the trainer launches step k+1 before it reads step
+k, and the NaN guard still never applies a bad step's update: the fused optimizer skips it
+on the device (`found_inf`), and the host stops the run or logs the skip one step later."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from mosaic.engine.session import make_optimizer
+from mosaic.engine.steps import read_bad, skips_on_device
+from mosaic.engine.trainer import TrainConfig, TrainError, train
+from tests.test_engine import ToyModel, one_gpu_plans, state_of
+
+
+def _config(**kwargs) -> TrainConfig:
+    model = ToyModel("toyclip")
+    plan = one_gpu_plans(model.graph("tiny"))["free"]
+    kwargs = {"steps": 4, "optimizer": "adamw", **kwargs}
+    return TrainConfig(device="cpu", model="toyclip", plan=plan, warmup_steps=0, lr=1e-2,
+                       progress=False, **kwargs)
+
+
+def _params() -> list[torch.nn.Parameter]:
+    return [torch.nn.Parameter(torch.ones(3))]
+
+
+def test_which_optimizers_skip_on_the_device():
+    assert skips_on_device(make_optimizer("adamw", _params(), 1e-3))
+    assert skips_on_device(make_optimizer("sgd", _params(), 1e-3))
+    assert not skips_on_device(torch.optim.AdamW(_params(), lr=1e-3, foreach=True))
+    assert not skips_on_device(torch.optim.SGD(_params(), lr=1e-3, momentum=0.9, fused=True))
+    assert not skips_on_device(None)
+
+
+def test_the_health_vector_names_what_was_not_finite():
+    assert read_bad([1.0, 0.0, 0.0, 0.0], ["a", "b"]) == []
+    assert read_bad([float("nan"), 1.0, 0.0, 2.0], ["a", "b"]) == ["loss", "gradient of module 'b'"]
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "sgd"])
+def test_a_skipped_step_changes_no_weight_and_counts_no_step(monkeypatch, optimizer):
+    """AdamW keeps moving the weights with its moments on a zero gradient, so only a skipped
+    update leaves them exactly as after step 1; its step count stays 2."""
+    clean = train(_config(steps=2, optimizer=optimizer), model=ToyModel("toyclip"))
+    monkeypatch.setenv("MOSAIC_FAULT", "nan:rank=0:step=2")
+    result = train(_config(steps=3, optimizer=optimizer, skip_nonfinite=True),
+                   model=ToyModel("toyclip"))
+    assert [("skipped" in r) for r in result.steps] == [False, False, True]
+    want, got = state_of(clean.modules), state_of(result.modules)
+    assert all(torch.equal(want[k], got[k]) for k in want)
+
+
+def test_the_run_stops_at_the_bad_step_with_every_earlier_line_written(monkeypatch, tmp_path):
+    """Step 2 is read while step 3 is in flight: the error names step 2, and the metrics hold
+    steps 0 and 1, in order."""
+    metrics = tmp_path / "metrics.jsonl"
+    monkeypatch.setenv("MOSAIC_FAULT", "nan:rank=0:step=2")
+    with pytest.raises(TrainError, match=r"step 2: non-finite gradient of module"):
+        train(_config(steps=5, metrics_path=str(metrics)), model=ToyModel("toyclip"))
+    rows = [json.loads(line) for line in metrics.read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1]
+
+
+def test_every_step_is_read_once_in_order_with_its_time(tmp_path):
+    metrics = tmp_path / "metrics.jsonl"
+    result = train(_config(steps=6, metrics_path=str(metrics)), model=ToyModel("toyclip"))
+    rows = [json.loads(line) for line in metrics.read_text().splitlines()]
+    assert [r["step"] for r in rows] == list(range(6)) == [r["step"] for r in result.steps]
+    assert all(r["step_time_s"] > 0 and r["loss"] == r["loss"] for r in rows)
