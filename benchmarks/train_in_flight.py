@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import time
 from pathlib import Path
 
 import torch
@@ -25,7 +26,7 @@ import torch
 from mosaic.api import plan as make_plan
 from mosaic.engine.measure import environment
 from mosaic.engine.session import EngineConfig
-from mosaic.engine.trainer import TrainConfig, train
+from mosaic.engine.trainer import TrainConfig, prefetch_workers, train
 from mosaic.hardware import make_cluster
 from mosaic.perf import make_perf_model
 from mosaic.report.kernel_time import summarise_trace_dir
@@ -59,6 +60,15 @@ def run_config(args: argparse.Namespace, plan, read_each_step: bool, cuda: bool,
                        torch_trace_dir=str(trace_dir) if trace_dir else None)
 
 
+def host_rows_ms(model_name: str, preset: str, batch: int, steps: int = 3) -> float:
+    """Milliseconds one thread takes to draw one step's synthetic rows on this host."""
+    model = get_model(model_name)
+    start = time.perf_counter()
+    for step in range(steps):
+        model.make_rows(preset, None, step=step, seed=0, global_batch=batch)
+    return 1e3 * (time.perf_counter() - start) / steps
+
+
 def main() -> None:
     args = arguments()
     cuda = torch.cuda.is_available()
@@ -88,10 +98,14 @@ def main() -> None:
               "median_step_s": medians,
               "mfu": {m: graph.total_flops() / (peak * s) for m, s in medians.items()},
               "speedup_in_flight": medians["read each step"] / medians["in flight"],
+              "host_rows_ms_one_thread": host_rows_ms(args.model, args.preset, graph.global_batch),
+              "row_threads": prefetch_workers(),
               "environment": environment()}
     print(f"{args.model} {args.preset} b{graph.global_batch}: read each step "
           f"{medians['read each step'] * 1e3:.2f} ms, in flight {medians['in flight'] * 1e3:.2f} "
-          f"ms: {result['speedup_in_flight']:.3f}x; MFU in flight {result['mfu']['in flight']:.1%}")
+          f"ms: {result['speedup_in_flight']:.3f}x; MFU in flight {result['mfu']['in flight']:.1%}; "
+          f"rows {result['host_rows_ms_one_thread']:.1f} ms a step on one thread, "
+          f"{result['row_threads']} threads")
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=2))

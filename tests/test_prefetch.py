@@ -13,11 +13,12 @@ from tests.test_engine import ToyModel
 RANGES = {"vision": (1, 3), "text": (0, 4)}
 
 
-def _prefetcher(model, steps: range) -> RowPrefetcher:
+def _prefetcher(model, steps: range, workers: int = 1) -> RowPrefetcher:
     session = SimpleNamespace(local_rows=lambda load: [load(RANGES)],
                               runner=SimpleNamespace(device=torch.device("cpu")))
     config = SimpleNamespace(preset="tiny", seed=7)
-    return RowPrefetcher(model, config, SimpleNamespace(global_batch=4), session, steps)
+    return RowPrefetcher(model, config, SimpleNamespace(global_batch=4), session, steps,
+                         workers=workers)
 
 
 def test_prefetched_rows_equal_inline_rows_in_step_order():
@@ -27,6 +28,18 @@ def test_prefetched_rows_equal_inline_rows_in_step_order():
     asked = [r["step"] for r in model.requested]
     assert asked == [2, 3, 4, 5]
     for step, (mine,) in zip(range(2, 6), got, strict=True):
+        inline = batch_loader(model, "tiny", 4, 7, step)(RANGES)
+        for name, tensors in inline.items():
+            for a, b in zip(mine[name], tensors, strict=True):
+                assert torch.equal(a, b)
+
+
+def test_several_threads_make_the_same_rows_steps_ahead():
+    model = ToyModel("toyclip")
+    with _prefetcher(model, range(0, 8), workers=3) as rows:
+        got = [rows.get(step) for step in range(8)]
+        assert sorted(r["step"] for r in model.requested) == list(range(8))
+    for step, (mine,) in enumerate(got):
         inline = batch_loader(model, "tiny", 4, 7, step)(RANGES)
         for name, tensors in inline.items():
             for a, b in zip(mine[name], tensors, strict=True):

@@ -345,6 +345,12 @@ def _state_to_save(modules: Mapping[str, nn.Module],
     return state
 
 
+_HOW_IT_RUNS = ("fused", "foreach", "capturable", "differentiable")
+"""Optimizer options that say how the update runs here (fused on this device, or not), not
+what it computes: kept as the live optimizer has them. A checkpoint saved where AdamW could
+not be fused (sharded states on a CPU) would otherwise unfuse it where it can be."""
+
+
 def _prepare_load(info: CheckpointInfo, state: _LiveState) -> tuple[dict[str, torch.Tensor], bool]:
     """The tensors to read from DCP, after checking that the checkpoint has every one at its
     shape; sets the non-tensor values. Also returns whether the optimizer state was saved."""
@@ -357,7 +363,8 @@ def _prepare_load(info: CheckpointInfo, state: _LiveState) -> tuple[dict[str, to
     # needs every key, and cleared after it.
     skip = () if saved_optimizer else ("optim.state.",)
     tensors = {k: v for k, v in state.tensors().items() if not k.startswith(skip)}
-    wanted = [k for k in state.values() if not k.startswith(skip)]
+    wanted = [k for k in state.values()
+              if not k.startswith(skip) and k.rsplit(".", 1)[-1] not in _HOW_IT_RUNS]
     missing = sorted([k for k in tensors if k not in saved]
                      + [k for k in wanted if k not in values])
     if missing:

@@ -60,7 +60,7 @@ def skips_on_device(optimizer: torch.optim.Optimizer | None) -> bool:
     fused AdamW and the fused momentum-free SGD (fused SGD with momentum leaves its buffer
     uninitialised after a skipped first step: torch 2.13 on CPU). Not over DTensor
     parameters, whose fused kernels would meet a plain `found_inf`."""
-    if optimizer is None or not optimizer.defaults.get("fused"):
+    if optimizer is None or not all(g.get("fused") for g in optimizer.param_groups):
         return False
     if isinstance(optimizer, torch.optim.SGD) and any(g["momentum"] for g in optimizer.param_groups):
         return False

@@ -382,26 +382,31 @@ def _tensorboard(config: TrainConfig, d: Dist, first: int):
 
 
 class RowPrefetcher:
-    """This rank's host rows of step k+1, made on a background thread while step k runs.
+    """This rank's host rows of the next steps, made on background threads while the GPU runs.
 
     Synthetic inputs are drawn on the CPU: 16 ms a step for CLIP `paper` on each of two
-    ranks, measured by torch.profiler on 2 x H200, while the GPU waited. The thread only makes
-    host tensors (the loaders are seeded per step and sample, so the rows are the same as
-    made inline); copying them to the GPU stays on the training thread. On CUDA the thread
-    also pins them: a trace of OFASys `paper` found the upload from pageable memory taking
-    5.2 ms of each step, synchronously, while the GPU waited; from pinned memory the copy is
-    asynchronous and the host goes on to launch the step.
+    ranks, measured by torch.profiler on 2 x H200, while the GPU waited. One thread was not
+    enough: CLIP `small` at 32 takes 25 ms a step to draw (OFASys `paper` at 8: 59 ms, on the
+    2-core CI machine), against an 8.5 ms step on the H200; once the trainer kept steps in
+    flight, its step time measured that wait. `workers` threads each make a whole step's
+    rows, up to `workers` steps ahead (torch releases the GIL while it draws). The threads
+    only make host tensors (the loaders are seeded per step and sample, so the rows are the
+    same as made inline); copying them to the GPU stays on the training thread. On CUDA the
+    threads also pin them: a trace of OFASys `paper` found the upload from pageable memory
+    taking 5.2 ms of each step, synchronously, while the GPU waited; from pinned memory the
+    copy is asynchronous and the host goes on to launch the step.
     """
 
     def __init__(self, model: TrainableModel, config: TrainConfig, graph: MMGraph,
-                 session: RankSession, steps: range) -> None:
+                 session: RankSession, steps: range, workers: int | None = None) -> None:
         from concurrent.futures import ThreadPoolExecutor
 
         pin = session.runner.device.type == "cuda"
         self._make = lambda step: pinned(session.local_rows(batch_loader(
             model, config.preset, graph.global_batch, config.seed, step)), pin)
         self._steps = steps
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mosaic-rows")
+        self._ahead = workers or prefetch_workers()
+        self._pool = ThreadPoolExecutor(max_workers=self._ahead, thread_name_prefix="mosaic-rows")
         self._pending: dict[int, Any] = {}
         self._ask(steps.start)
 
@@ -410,10 +415,11 @@ class RowPrefetcher:
             self._pending[step] = self._pool.submit(self._make, step)
 
     def get(self, step: int) -> list[dict[str, Any]]:
-        """Step `step`'s rows (made now if not asked for); asks for the next step's."""
+        """Step `step`'s rows (made now if not asked for); asks for the steps after it."""
         self._ask(step)
         rows = self._pending.pop(step).result()
-        self._ask(step + 1)
+        for ahead in range(step + 1, step + 1 + self._ahead):
+            self._ask(ahead)
         return rows
 
     def settle(self) -> None:
@@ -428,6 +434,13 @@ class RowPrefetcher:
         for future in self._pending.values():
             future.cancel()
         self._pool.shutdown(wait=True)
+
+
+def prefetch_workers() -> int:
+    """Row-making threads per rank: a quarter of the CPUs this process may use, 1 to 4
+    (torchrun's ranks share the host's CPUs)."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, min(4, (cpus or 1) // 4))
 
 
 def pinned(rows: list[dict[str, Any]], pin: bool) -> list[dict[str, Any]]:
