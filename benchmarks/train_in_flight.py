@@ -16,6 +16,7 @@ On a CPU it runs the tiny preset to check the script; its times mean nothing.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import time
@@ -25,8 +26,9 @@ import torch
 
 from mosaic.api import plan as make_plan
 from mosaic.engine.measure import environment
+from mosaic.engine.rows import row_workers
 from mosaic.engine.session import EngineConfig
-from mosaic.engine.trainer import TrainConfig, prefetch_workers, train
+from mosaic.engine.trainer import TrainConfig, train
 from mosaic.hardware import make_cluster
 from mosaic.perf import make_perf_model
 from mosaic.report.kernel_time import summarise_trace_dir
@@ -47,6 +49,9 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--trace-dir", type=Path, default=None)
+    parser.add_argument("--row-variants", action="store_true",
+                        help="also in flight with 1 row thread, and with every step's rows "
+                        "made once (what the step costs without drawing data)")
     return parser.parse_args()
 
 
@@ -67,6 +72,35 @@ def host_rows_ms(model_name: str, preset: str, batch: int, steps: int = 3) -> fl
     for step in range(steps):
         model.make_rows(preset, None, step=step, seed=0, global_batch=batch)
     return 1e3 * (time.perf_counter() - start) / steps
+
+
+def row_variants(args: argparse.Namespace, plan, cuda: bool) -> dict[str, float]:
+    """Median step in flight with the rows drawn by threads instead of processes, and with
+    rows drawn once and reused (the trainer's step without its data's cost)."""
+    from unittest import mock
+
+    from mosaic.engine import rows
+
+    out = {}
+    threads = functools.partialmethod(rows.RowPrefetcher.__init__, processes=0)
+    with mock.patch.object(rows.RowPrefetcher, "__init__", threads):
+        out[f"{row_workers()} row threads"] = train(run_config(args, plan, False, cuda)).summary
+    model = get_model(args.model)
+    draw = type(model).make_rows
+    drawn: dict = {}
+
+    def once(preset, ranges, *, step, seed, global_batch):
+        key = tuple(sorted((ranges or {}).items()))
+        if key not in drawn:
+            drawn[key] = draw(model, preset, ranges, step=0, seed=seed,
+                              global_batch=global_batch)
+        return drawn[key]
+
+    with mock.patch.object(type(model), "make_rows", lambda self, *a, **k: once(*a, **k)):
+        out["rows made once"] = train(run_config(args, plan, False, cuda)).summary
+    for label, summary in out.items():
+        print(f"{label:>15}: {summary['step_time_median_s'] * 1e3:8.2f} ms", flush=True)
+    return {label: summary["step_time_median_s"] for label, summary in out.items()}
 
 
 def main() -> None:
@@ -99,13 +133,15 @@ def main() -> None:
               "mfu": {m: graph.total_flops() / (peak * s) for m, s in medians.items()},
               "speedup_in_flight": medians["read each step"] / medians["in flight"],
               "host_rows_ms_one_thread": host_rows_ms(args.model, args.preset, graph.global_batch),
-              "row_threads": prefetch_workers(),
+              "row_processes": row_workers(),
               "environment": environment()}
     print(f"{args.model} {args.preset} b{graph.global_batch}: read each step "
           f"{medians['read each step'] * 1e3:.2f} ms, in flight {medians['in flight'] * 1e3:.2f} "
           f"ms: {result['speedup_in_flight']:.3f}x; MFU in flight {result['mfu']['in flight']:.1%}; "
           f"rows {result['host_rows_ms_one_thread']:.1f} ms a step on one thread, "
-          f"{result['row_threads']} threads")
+          f"{result['row_processes']} row processes")
+    if args.row_variants:
+        result["in_flight_row_variants_s"] = row_variants(args, plan, cuda)
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=2))

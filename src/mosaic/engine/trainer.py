@@ -37,6 +37,7 @@ from mosaic.engine.checkpoint import (
 )
 from mosaic.engine.comm import CommError, check_world_size, share_from_rank0
 from mosaic.engine.compile import compile_modules
+from mosaic.engine.rows import RowPrefetcher
 from mosaic.engine.runner import StepOutput
 from mosaic.engine.session import (
     OPTIMIZERS,
@@ -381,78 +382,6 @@ def _tensorboard(config: TrainConfig, d: Dist, first: int):
         writer.close()
 
 
-class RowPrefetcher:
-    """This rank's host rows of the next steps, made on background threads while the GPU runs.
-
-    Synthetic inputs are drawn on the CPU: 16 ms a step for CLIP `paper` on each of two
-    ranks, measured by torch.profiler on 2 x H200, while the GPU waited. One thread was not
-    enough: CLIP `small` at 32 takes 25 ms a step to draw (OFASys `paper` at 8: 59 ms, on the
-    2-core CI machine), against an 8.5 ms step on the H200; once the trainer kept steps in
-    flight, its step time measured that wait (on the H200 host's slower CPU: 50 ms and 120
-    ms on one thread). `workers` threads each make a whole step's
-    rows, up to `workers` steps ahead (torch releases the GIL while it draws). The threads
-    only make host tensors (the loaders are seeded per step and sample, so the rows are the
-    same as made inline); copying them to the GPU stays on the training thread. On CUDA the
-    threads also pin them: a trace of OFASys `paper` found the upload from pageable memory
-    taking 5.2 ms of each step, synchronously, while the GPU waited; from pinned memory the
-    copy is asynchronous and the host goes on to launch the step.
-    """
-
-    def __init__(self, model: TrainableModel, config: TrainConfig, graph: MMGraph,
-                 session: RankSession, steps: range, workers: int | None = None) -> None:
-        from concurrent.futures import ThreadPoolExecutor
-
-        pin = session.runner.device.type == "cuda"
-        self._make = lambda step: pinned(session.local_rows(batch_loader(
-            model, config.preset, graph.global_batch, config.seed, step)), pin)
-        self._steps = steps
-        self._ahead = workers or prefetch_workers()
-        self._pool = ThreadPoolExecutor(max_workers=self._ahead, thread_name_prefix="mosaic-rows")
-        self._pending: dict[int, Any] = {}
-        self._ask(steps.start)
-
-    def _ask(self, step: int) -> None:
-        if step in self._steps and step not in self._pending:
-            self._pending[step] = self._pool.submit(self._make, step)
-
-    def get(self, step: int) -> list[dict[str, Any]]:
-        """Step `step`'s rows (made now if not asked for); asks for the steps after it."""
-        self._ask(step)
-        rows = self._pending.pop(step).result()
-        for ahead in range(step + 1, step + 1 + self._ahead):
-            self._ask(ahead)
-        return rows
-
-    def settle(self) -> None:
-        """Wait until the rows asked for are made (and pinned)."""
-        for future in self._pending.values():
-            future.result()
-
-    def __enter__(self) -> RowPrefetcher:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for future in self._pending.values():
-            future.cancel()
-        self._pool.shutdown(wait=True)
-
-
-def prefetch_workers() -> int:
-    """Row-making threads per rank: half the CPUs this process may use, shared by the ranks
-    torchrun starts on this host, 1 to 8. The H200 host's CPU draws CLIP `small`'s 32 rows in
-    50 ms on one thread: 8 threads keep up with its 8.5 ms step."""
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    ranks_here = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-    return max(1, min(8, (cpus or 1) // (2 * ranks_here)))
-
-
-def pinned(rows: list[dict[str, Any]], pin: bool) -> list[dict[str, Any]]:
-    """The rows in page-locked host memory when `pin` (CUDA), else as they are."""
-    if not pin:
-        return rows
-    return [{m: tuple(t.pin_memory() for t in ts) for m, ts in r.items()} for r in rows]
-
-
 TRACED_STEPS = 3
 
 
@@ -500,7 +429,7 @@ def _loop(config: TrainConfig, model: TrainableModel, graph: MMGraph, session: R
     metrics = _open_metrics(config, d, first)
     try:
         with _progress(config, d) as (bar, task), _torch_trace(config, d, first) as tracer, \
-                RowPrefetcher(model, config, graph, session, range(first, config.steps)) as rows:
+                _row_prefetcher(model, config, graph, session, first) as rows:
             bar.update(task, advance=first)
 
             def record(row: dict[str, Any]) -> None:
@@ -528,6 +457,16 @@ def _loop(config: TrainConfig, model: TrainableModel, graph: MMGraph, session: R
         if metrics is not None:
             metrics.close()
     return steps, timeline
+
+
+def _row_prefetcher(model: TrainableModel, config: TrainConfig, graph: MMGraph,
+                    session: RankSession, first: int) -> RowPrefetcher:
+    def make(step: int) -> list[dict[str, Any]]:
+        return session.local_rows(batch_loader(model, config.preset, graph.global_batch,
+                                               config.seed, step))
+
+    return RowPrefetcher(make, range(first, config.steps),
+                         pin=session.runner.device.type == "cuda")
 
 
 def _between_steps(config: TrainConfig, session: RankSession,
