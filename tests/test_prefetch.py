@@ -1,6 +1,5 @@
-"""The trainer makes the next steps' host rows in the background (threads, or DataLoader
-worker processes): the same rows as made inline, in step order, with a data source's error
-raised on the training thread."""
+"""The trainer makes the next steps' host rows on background threads: the same rows as made
+inline, in step order, with a data source's error raised on the training thread."""
 
 import pytest
 import torch
@@ -12,11 +11,11 @@ from tests.test_engine import ToyModel
 RANGES = {"vision": (1, 3), "text": (0, 4)}
 
 
-def _prefetcher(model, steps: range, threads: int = 1, processes: int = 0) -> RowPrefetcher:
+def _prefetcher(model, steps: range, threads: int = 1) -> RowPrefetcher:
     def make(step: int):
         return [batch_loader(model, "tiny", 4, 7, step)(RANGES)]
 
-    return RowPrefetcher(make, steps, threads=threads, processes=processes)
+    return RowPrefetcher(make, steps, threads=threads)
 
 
 def test_prefetched_rows_equal_inline_rows_in_step_order():
@@ -42,27 +41,6 @@ def test_several_threads_make_the_same_rows_steps_ahead():
         for name, tensors in inline.items():
             for a, b in zip(mine[name], tensors, strict=True):
                 assert torch.equal(a, b)
-
-
-def test_worker_processes_make_the_same_rows_in_step_order():
-    model = ToyModel("toyclip")
-    with _prefetcher(model, range(3, 9), processes=2) as rows:
-        got = [rows.get(step) for step in range(3, 9)]
-    for step, (mine,) in zip(range(3, 9), got, strict=True):
-        inline = batch_loader(model, "tiny", 4, 7, step)(RANGES)
-        for name, tensors in inline.items():
-            for a, b in zip(mine[name], tensors, strict=True):
-                assert torch.equal(a, b)
-
-
-def test_a_data_source_error_in_a_worker_process_reaches_the_training_thread():
-    class Broken(ToyModel):
-        def make_rows(self, *args, **kwargs):
-            raise OSError("shard 3 unreadable")
-
-    with _prefetcher(Broken("toyclip"), range(0, 3), processes=1) as rows, \
-            pytest.raises(OSError, match="shard 3"):
-        rows.get(0)
 
 
 def test_a_data_source_error_reaches_the_training_thread():
