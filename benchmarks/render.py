@@ -11,7 +11,7 @@ fixed rules, so the output is deterministic and a figure cannot drift from its d
 
 Renderers: one-gpu-bench[:DIR], green-probe[:FILE], bench:DIR_OR_FILE, iteration-error[:DIR],
 scaling-sim[:DIR], variants:DIR, targets-1gpu, profile-recipe[:DB],
-step-fit:FILE,FILE[,...], kernel-time:FILE[,...].
+step-fit:FILE,FILE[,...], kernel-time:FILE[,...], train-in-flight:DIR.
 """
 
 from __future__ import annotations
@@ -538,6 +538,46 @@ def kernel_time(results: Path, arg: str | None) -> str:
                            if c in classes else "–" for c in KERNEL_CLASSES])
     return table(["trace", "GPU", "span, ms", "busy, ms", "idle, ms", "kernel time, ms",
                   *(f"{c}, ms" for c in KERNEL_CLASSES)], rows)
+
+
+# --- the trainer's steps in flight (benchmarks/train_in_flight.py) ----------------------------
+
+def _row_drawing(report: dict[str, Any]) -> str:
+    if "row_processes" in report:
+        return f"{report['row_processes']} processes"
+    threads = report.get("row_threads", 1)
+    return f"{threads} thread{'s' if threads != 1 else ''}"
+
+
+def _host_rows(report: dict[str, Any]) -> str:
+    value = report.get("host_rows_ms_one_thread")
+    return "not measured" if value is None else f"{value:.1f}"
+
+
+@renderer("train-in-flight")
+def train_in_flight(results: Path, arg: str | None) -> str:
+    """Every train_in_flight.py JSON under results/ARG, one row each: `mosaic train`'s median
+    step reading each step before the next and in flight, MFU, what drawing the rows costs."""
+    if not arg:
+        raise RenderError("train-in-flight needs a directory under results/")
+    rows = []
+    for path in sorted((results / arg).rglob("*.json")):
+        report = load(path)
+        if "median_step_s" not in report:
+            continue
+        medians = report["median_step_s"]
+        variants = "; ".join(f"{k} {v * 1e3:.2f} ms" for k, v in
+                             report.get("in_flight_row_variants_s", {}).items()) or "–"
+        rows.append([str(path.relative_to(results / arg)), report["model"], report["preset"],
+                     str(report["batch"]), report["compile_scope"], str(len(report["runs"]) // 2),
+                     _row_drawing(report), _host_rows(report),
+                     f"{medians['read each step'] * 1e3:.2f}", f"{medians['in flight'] * 1e3:.2f}",
+                     f"{report['speedup_in_flight']:.3f}x", f"{report['mfu']['in flight']:.1%}",
+                     variants])
+    return table(["file", "model", "preset", "batch", "compile scope", "rounds",
+                  "rows drawn by", "one step's rows on one thread, ms", "read each step, ms",
+                  "in flight, ms", "in flight vs read each", "MFU in flight (of 989 TF/s)",
+                  "in flight, other row drawing"], rows)
 
 
 # --- attention with and without mask tensors (benchmarks/attention_mask_ab.py) -----------------

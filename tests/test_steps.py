@@ -43,7 +43,7 @@ def test_the_health_vector_names_what_was_not_finite():
 @pytest.mark.parametrize("optimizer", ["adamw", "sgd"])
 def test_a_skipped_step_changes_no_weight_and_counts_no_step(monkeypatch, optimizer):
     """AdamW keeps moving the weights with its moments on a zero gradient, so only a skipped
-    update leaves them exactly as after step 1; its step count stays 2."""
+    update leaves them exactly as after step 1 (a NaN gradient applied would leave NaNs)."""
     clean = train(_config(steps=2, optimizer=optimizer), model=ToyModel("toyclip"))
     monkeypatch.setenv("MOSAIC_FAULT", "nan:rank=0:step=2")
     result = train(_config(steps=3, optimizer=optimizer, skip_nonfinite=True),
@@ -70,3 +70,11 @@ def test_every_step_is_read_once_in_order_with_its_time(tmp_path):
     rows = [json.loads(line) for line in metrics.read_text().splitlines()]
     assert [r["step"] for r in rows] == list(range(6)) == [r["step"] for r in result.steps]
     assert all(r["step_time_s"] > 0 and r["loss"] == r["loss"] for r in rows)
+
+
+def test_reading_each_step_first_trains_the_same_run():
+    in_flight = train(_config(steps=5), model=ToyModel("toyclip"))
+    one_by_one = train(_config(steps=5, read_each_step=True), model=ToyModel("toyclip"))
+    assert [r["loss"] for r in in_flight.steps] == [r["loss"] for r in one_by_one.steps]
+    want, got = state_of(one_by_one.modules), state_of(in_flight.modules)
+    assert all(torch.equal(want[k], got[k]) for k in want)

@@ -437,6 +437,9 @@ def train(
     autotune: Annotated[int, typer.Option("--autotune", min=0, help="measure the K best predicted "
                                           "plans and the baselines briefly, train the fastest "
                                           "(0: off; not with --plan)")] = 0,
+    read_each_step: Annotated[bool, typer.Option(help="wait for each step before launching the "
+                                                 "next (errors surface at their own step; "
+                                                 "slower)")] = False,
     out: Annotated[Path | None, typer.Option(help="run folder: config, env, plan, metrics, "
                                              "summary, timeline (docs/quickstart.md)",
                                              callback=_out_dir)] = None,
@@ -492,7 +495,8 @@ def train(
                                 str(metrics) if metrics else None, plan=plan_obj, engine=engine,
                                 lr=lr, seed=seed, global_batch=batch, hardware=hardware,
                                 checkpoint=ckpt, resume=resume, timeout_s=timeout_s,
-                                skip_nonfinite=skip_nonfinite, data=str(data),
+                                skip_nonfinite=skip_nonfinite, read_each_step=read_each_step,
+                                data=str(data),
                                 tensorboard_dir=str(tensorboard) if tensorboard else None,
                                 torch_trace_dir=str(torch_trace) if torch_trace else None)
     finally:

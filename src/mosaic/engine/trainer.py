@@ -747,7 +747,8 @@ def train_from_cli(model: str, preset: str = "tiny", plan_path: str | None = Non
                    global_batch: int | None = None, hardware: str = "h200",
                    checkpoint: CheckpointConfig | None = None, resume: bool | str = False,
                    timeout_s: float | None = 600.0, skip_nonfinite: bool = False,
-                   data: str = "synthetic", tensorboard_dir: str | None = None,
+                   read_each_step: bool = False, data: str = "synthetic",
+                   tensorboard_dir: str | None = None,
                    torch_trace_dir: str | None = None) -> TrainResult:
     """`mosaic train`: checks that the process count matches --gpus (torchrun or not)."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -761,6 +762,6 @@ def train_from_cli(model: str, preset: str = "tiny", plan_path: str | None = Non
                          global_batch=global_batch, engine=engine or EngineConfig(),
                          metrics_path=metrics, hardware=hardware, checkpoint=checkpoint,
                          resume=resume, timeout_s=timeout_s, skip_nonfinite=skip_nonfinite,
-                         data=data, tensorboard_dir=tensorboard_dir,
-                         torch_trace_dir=torch_trace_dir)
+                         read_each_step=read_each_step, data=data,
+                         tensorboard_dir=tensorboard_dir, torch_trace_dir=torch_trace_dir)
     return train(config)
