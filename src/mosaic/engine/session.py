@@ -116,6 +116,7 @@ def end_distributed(d: Dist) -> None:
         if d.device.type == "cuda":
             torch.cuda.synchronize(d.device)
         dist.destroy_process_group()
+        _HOST_GROUP.clear()
     gc.collect()
 
 
@@ -143,12 +144,22 @@ def start_distributed(device: str | None, timeout_s: float | None = None) -> Dis
             raise SessionError(f"timeout_s={timeout_s} must be > 0 seconds (--timeout-s)")
         _init_group("nccl" if cuda else "gloo", device if cuda else None, timeout_s)
         owns = True
-    host_group = None
-    if world > 1 and cuda:
-        timeout = {"timeout": timedelta(seconds=timeout_s)} if timeout_s is not None else {}
-        host_group = dist.new_group(backend="gloo", **timeout)
     return Dist(rank=rank, world_size=world, device=device, owns_group=owns,
-                host_group=host_group)
+                host_group=_host_group(world, cuda, timeout_s))
+
+
+_HOST_GROUP: list[Any] = []
+"""The world's gloo group for host floats, made once per world (`mosaic train` starts the
+world and `train()` joins it: one group, not two); dropped when the world ends."""
+
+
+def _host_group(world: int, cuda: bool, timeout_s: float | None) -> Any:
+    if world == 1 or not cuda:
+        return None  # one process, or a gloo world already
+    if not _HOST_GROUP:
+        timeout = {"timeout": timedelta(seconds=timeout_s)} if timeout_s is not None else {}
+        _HOST_GROUP.append(dist.new_group(backend="gloo", **timeout))
+    return _HOST_GROUP[0]
 
 
 def host_all_reduce(values: list[float], op: str, d: Dist) -> list[float]:
