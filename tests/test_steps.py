@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from mosaic.engine.session import make_optimizer
-from mosaic.engine.steps import read_bad, skips_on_device
+from mosaic.engine.steps import GuardChoice, _not_finite, read_bad, skips_on_device
 from mosaic.engine.trainer import TrainConfig, TrainError, train
 from tests.test_engine import ToyModel, one_gpu_plans, state_of
 
@@ -77,4 +77,38 @@ def test_reading_each_step_first_trains_the_same_run():
     one_by_one = train(_config(steps=5, read_each_step=True), model=ToyModel("toyclip"))
     assert [r["loss"] for r in in_flight.steps] == [r["loss"] for r in one_by_one.steps]
     want, got = state_of(one_by_one.modules), state_of(in_flight.modules)
+    assert all(torch.equal(want[k], got[k]) for k in want)
+
+
+@pytest.mark.parametrize("bad", [None, float("nan"), float("inf"), -float("inf")])
+def test_both_guards_flag_the_same_gradients_and_change_none(bad):
+    grads = [torch.randn(5), torch.randn(2, 3, dtype=torch.bfloat16), torch.randn(7)]
+    if bad is not None:
+        grads[2][4] = bad
+    before = [g.clone() for g in grads]
+    flags = {guard: float(_not_finite(grads, guard)) for guard in ("norms", "check")}
+    assert flags == {"norms": float(bad is not None), "check": float(bad is not None)}
+    for after, was in zip(grads, before, strict=True):
+        torch.testing.assert_close(after, was, rtol=0, atol=0, equal_nan=True)
+
+
+def test_the_guard_turns_to_one_check_per_module_only_where_the_host_is_the_bound():
+    host_bound, gpu_bound = GuardChoice(), GuardChoice()
+    samples = GuardChoice.SKIP + GuardChoice.SAMPLES
+    switched = [host_bound.observe(0.009, 0.010) for _ in range(samples)]
+    assert switched == [False] * (samples - 1) + [True] and host_bound.guard == "check"
+    assert not any(gpu_bound.observe(0.020, 0.080) for _ in range(samples + 3))
+    assert gpu_bound.guard == "norms" and gpu_bound.decided
+    assert not host_bound.observe(0.001, 0.080) and host_bound.guard == "check"  # for good
+
+
+def test_a_nan_step_after_the_guard_turned_is_skipped_too(monkeypatch):
+    """On a CPU launching is the whole step, so the trainer turns to the per-module check
+    after five steps; a NaN at step 6 is still skipped on the device."""
+    clean = train(_config(steps=6), model=ToyModel("toyclip"))
+    monkeypatch.setenv("MOSAIC_FAULT", "nan:rank=0:step=6")
+    result = train(_config(steps=7, skip_nonfinite=True), model=ToyModel("toyclip"))
+    assert result.summary["nan_guard"] == "check"
+    assert [("skipped" in r) for r in result.steps] == [False] * 6 + [True]
+    want, got = state_of(clean.modules), state_of(result.modules)
     assert all(torch.equal(want[k], got[k]) for k in want)

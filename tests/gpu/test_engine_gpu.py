@@ -130,3 +130,24 @@ def test_a_nan_step_is_skipped_on_the_gpu_without_a_host_check(monkeypatch):
     skipped = run(3)
     assert [("skipped" in r) for r in skipped.steps] == [False, False, True]
     assert_state_close(state_of(skipped.modules), state_of(clean.modules))
+
+
+def test_a_host_bound_run_turns_to_the_fused_check_and_still_skips_a_nan_step(monkeypatch):
+    """A tiny model's step is bound by the host: after five steps the guard checks each
+    module's gradients in one kernel (engine/steps.py GuardChoice); a NaN at step 6 is still
+    skipped on the GPU."""
+    from mosaic.zoo import get_model
+
+    plan = one_gpu_plans(get_model("imagebind").graph("tiny"))["temporal"]
+
+    def run(steps: int):
+        return train(TrainConfig(model="imagebind", preset="tiny", plan=plan, steps=steps,
+                                 warmup_steps=1, engine=FP32, device="cuda", progress=False,
+                                 skip_nonfinite=True))
+
+    clean = run(6)
+    monkeypatch.setenv("MOSAIC_FAULT", "nan:rank=0:step=6")
+    skipped = run(7)
+    assert skipped.summary["nan_guard"] == "check"
+    assert [("skipped" in r) for r in skipped.steps] == [False] * 6 + [True]
+    assert_state_close(state_of(skipped.modules), state_of(clean.modules))

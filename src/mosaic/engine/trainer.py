@@ -54,7 +54,7 @@ from mosaic.engine.session import (
     make_optimizer,
     start_distributed,
 )
-from mosaic.engine.steps import StepInFlight, finish_step, launch_step
+from mosaic.engine.steps import GuardChoice, StepInFlight, finish_step, launch_step
 from mosaic.engine.tensor_parallel import local_tensor
 from mosaic.engine.timer import Mark, Timer
 from mosaic.errors import MosaicError
@@ -259,13 +259,15 @@ def train(config: TrainConfig, model: TrainableModel | None = None) -> TrainResu
         setup_s = time.perf_counter() - t_setup
         first = _resume(config, session, optimizer, d)
         with _tensorboard(config, d, first) as board:
-            steps, timeline = _loop(config, model, graph, session, optimizer, d, first, board)
+            steps, timeline, guard = _loop(config, model, graph, session, optimizer, d, first,
+                                           board)
             evaluation = _evaluate(model, graph, session)
             for key, value in (evaluation or {}).items():
                 if board is not None and isinstance(value, float):
                     board.add_scalar(f"eval/{key}", value, config.steps)
         summary = _summary(config, graph, session, steps, d, setup_s)
         summary["compile"] = compiled.to_dict()
+        summary["nan_guard"] = guard
         if evaluation is not None:
             summary["eval"] = evaluation
         return TrainResult(steps=steps, summary=summary, plan=plan, timeline=timeline,
@@ -456,7 +458,7 @@ def _loop(config: TrainConfig, model: TrainableModel, graph: MMGraph, session: R
     finally:
         if metrics is not None:
             metrics.close()
-    return steps, timeline
+    return steps, timeline, pipeline.guard.guard
 
 
 def _row_prefetcher(model: TrainableModel, config: TrainConfig, graph: MMGraph,
@@ -502,11 +504,16 @@ class _StepPipeline:
         self.timer = Timer(d.device)
         self.pending: tuple[StepInFlight, Mark | None] | None = None
         self.last_end: Mark | None = None
+        self.guard = GuardChoice()
+        self.launch_s: dict[int, float] = {}
 
     def launch(self, step: int, rows: list[dict[str, Any]]) -> None:
         poison = (_poison_gradient if self.fault is not None and self.fault.action == "nan"
                   and self.fault.due(self.d.rank, step) else None)
-        flight, checked = launch_step(self.session, self.optimizer, rows, self.timer, step, poison)
+        started = time.perf_counter()
+        flight, checked = launch_step(self.session, self.optimizer, rows, self.timer, step,
+                                      poison, self.guard.guard)
+        self.launch_s[step] = time.perf_counter() - started
         before, self.pending = self.pending, (flight, self.last_end)
         self.last_end = flight.end
         if before is not None:
@@ -529,6 +536,12 @@ class _StepPipeline:
 
     def _finish(self, flight: StepInFlight, since: Mark | None) -> None:
         done = finish_step(flight, self.timer, since)
+        launch_s = self.launch_s.pop(done.step)
+        switched = self.guard.observe(launch_s, done.seconds)
+        if switched and self.d.rank == 0 and self.d.device.type == "cuda":
+            print(f"mosaic: launching a step takes {launch_s * 1e3:.1f} of its "
+                  f"{done.seconds * 1e3:.1f} ms: the NaN guard checks each module's gradients "
+                  "in one kernel from here on", file=sys.stderr, flush=True)
         row = _step_metrics(done.step, self.config, self.graph, self.d, done.loss, done.seconds)
         if done.bad:
             self._judge(done.step, done.bad)
