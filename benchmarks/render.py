@@ -11,7 +11,8 @@ fixed rules, so the output is deterministic and a figure cannot drift from its d
 
 Renderers: one-gpu-bench[:DIR], green-probe[:FILE], bench:DIR_OR_FILE, iteration-error[:DIR],
 scaling-sim[:DIR], variants:DIR, targets-1gpu, profile-recipe[:DB],
-step-fit:FILE,FILE[,...], kernel-time:FILE[,...], train-in-flight:DIR.
+step-fit:FILE,FILE[,...], kernel-time:FILE[,...], train-in-flight:DIR,
+guard-host-cost:FILE.
 """
 
 from __future__ import annotations
@@ -578,6 +579,21 @@ def train_in_flight(results: Path, arg: str | None) -> str:
                   "rows drawn by", "one step's rows on one thread, ms", "read each step, ms",
                   "in flight, ms", "in flight vs read each", "MFU in flight (of 989 TF/s)",
                   "in flight, other row drawing"], rows)
+
+
+@renderer("guard-host-cost")
+def guard_host_cost(results: Path, arg: str | None) -> str:
+    """benchmarks/guard_host_cost.py's JSON: host ms a step of each NaN guard, per model."""
+    if not arg:
+        raise RenderError("guard-host-cost needs a JSON under results/")
+    rows = []
+    for r in load(results / arg)["rows"]:
+        host = r["host_ms"]
+        rows.append([r["model"], r["preset"], str(r["modules"]), str(r["gradient_tensors"]),
+                     f"{r['parameters'] / 1e6:.0f} M", f"{host['norms']:.2f}",
+                     f"{host['check']:.2f}"])
+    return table(["model", "preset", "modules", "gradient tensors", "parameters",
+                  "norms, host ms a step", "check, host ms a step"], rows)
 
 
 # --- attention with and without mask tensors (benchmarks/attention_mask_ab.py) -----------------
