@@ -164,12 +164,18 @@ def _train(case: dict, out: Path, rank: int, device: str) -> None:
                          plan=Plan.from_dict(case["plan"]), steps=case["steps"],
                          warmup_steps=int(engine.graphs), lr=case.get("lr", LR),
                          optimizer=case.get("optimizer", "sgd"), device=device, progress=False,
-                         engine=engine, checkpoint=checkpoint, resume=case.get("resume", False))
+                         engine=engine, checkpoint=checkpoint, resume=case.get("resume", False),
+                         skip_nonfinite=case.get("skip_nonfinite", False))
+    os.environ.pop("MOSAIC_FAULT", None)
+    if "fault" in case:
+        os.environ["MOSAIC_FAULT"] = case["fault"]
     try:
         result = train(config, model=model)
     except ValueError as exc:
         (out / f"error{rank}.json").write_text(json.dumps({"error": str(exc)}))
         return
+    finally:
+        os.environ.pop("MOSAIC_FAULT", None)
     torch.save(full_state(result.modules), out / f"rank{rank}.pt")
     sharded = sorted(m for m, module in result.modules.items()
                      if any(isinstance(p, DTensor) for p in module.parameters()))
@@ -281,6 +287,20 @@ def test_sharded_checkpoints_resume_under_sharded_and_unsharded_plans(tmp_path):
         torch.testing.assert_close(losses[0], straight_losses[0][2:], **TIGHT)
         for rank in range(2):
             assert_same(states[rank], straight[rank])
+
+
+def test_a_nan_step_is_skipped_on_every_rank_over_sharded_adamw_states(tmp_path):
+    """Rank 0's shard of one gradient turns NaN at step 2: the health summed over ranks tells
+    the fused AdamW on both ranks to skip (a 0-d `found_inf` beside DTensor states), so the
+    weights end as a clean 2-step run's."""
+    _, plan = SHARDED_CASES["deep-all"]
+    base = {"model": "toydeep", "optimizer": "adamw", "plan": plan, "skip_nonfinite": True}
+    run_cases({"clean": {**base, "steps": 2},
+               "nan": {**base, "steps": 3, "fault": "nan:rank=0:step=2"}}, tmp_path)
+    clean, _ = load_run(tmp_path, "clean")
+    skipped, _ = load_run(tmp_path, "nan")
+    for rank in range(2):
+        assert_same(skipped[rank], clean[rank])
 
 
 def zoo_plan(model: str, sharded: set[str]) -> dict:

@@ -229,15 +229,16 @@ def batch_loader(model: Any, preset: str, global_batch: int, seed: int, step: in
 
 def make_optimizer(name: str, params: list[nn.Parameter], lr: float,
                    weight_decay: float = 0.0) -> torch.optim.Optimizer:
-    """Fused where torch has it. On CUDA the default multi-tensor AdamW measured about 100
-    bytes of memory traffic per parameter on the H200 (10 ms a step for qwen3-vl small),
+    """Fused where torch has it: AdamW always, SGD over plain tensors (torch 2.13 has no
+    DTensor rule for the fused SGD). On CUDA the default multi-tensor AdamW measured about
+    100 bytes of memory traffic per parameter on the H200 (10 ms a step for qwen3-vl small),
     fused about 28. And a fused optimizer skips a step's update on the device when told
-    `found_inf`, so the trainer need not wait for the GPU to check a step (engine/steps.py).
-    On a CPU only over plain tensors: the sharded (DTensor) states keep the for-each path."""
+    `found_inf`, so the trainer need not wait for the GPU to check a step (engine/steps.py),
+    sharded (DTensor) states too (tests/test_sharding_engine.py)."""
     from torch.distributed.tensor import DTensor
 
     kwargs = {"lr": lr, "weight_decay": weight_decay}
-    if params and (params[0].is_cuda or not any(isinstance(p, DTensor) for p in params)):
+    if params and (name == "adamw" or not any(isinstance(p, DTensor) for p in params)):
         kwargs["fused"] = True
     return OPTIMIZERS[name](_param_groups(params), **kwargs)
 

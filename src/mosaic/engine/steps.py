@@ -12,8 +12,8 @@ module of the plan whether any gradient is NaN/inf) is computed and summed over 
 the device; a fused optimizer reads it as `found_inf` (as AMP's GradScaler uses it) and
 applies no update, counts no step, for a step whose health is bad. The host learns of it
 one step later and stops the run or logs the skip. An optimizer that cannot skip on the
-device (SGD with momentum, sharded DTensor parameters) is checked on the host before its
-update, as every step was before.
+device (SGD with momentum) is checked on the host before its update, as every step was
+before.
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.distributed.tensor import DTensor
 
 from mosaic.engine.runner import StepOutput
 from mosaic.engine.tensor_parallel import local_tensor
@@ -59,22 +58,12 @@ class StepResult:
 def skips_on_device(optimizer: torch.optim.Optimizer | None) -> bool:
     """Whether `optimizer` itself skips an update when told `found_inf` on the device: the
     fused AdamW and the fused momentum-free SGD (fused SGD with momentum leaves its buffer
-    uninitialised after a skipped first step: torch 2.13 on CPU). Not over DTensor
-    parameters, whose fused kernels would meet a plain `found_inf`."""
+    uninitialised after a skipped first step: torch 2.13 on CPU). Over DTensor parameters
+    too: a 0-d `found_inf` is replicated implicitly."""
     if optimizer is None or not all(g.get("fused") for g in optimizer.param_groups):
         return False
-    if isinstance(optimizer, torch.optim.SGD) and any(g["momentum"] for g in optimizer.param_groups):
-        return False
-    return not any(isinstance(p, DTensor) for g in optimizer.param_groups for p in g["params"])
-
-
-GUARDS = ("norms", "check")
-"""How step_health finds a gradient NaN/inf. 'norms': a norm per gradient (reads 4 bytes per
-parameter; the host launches work per gradient tensor: 15 ms a step for OFASys `paper`'s
-1071 tensors on the CI machine's CPU). 'check': one fused check per module (AMP's
-`_amp_foreach_non_finite_check_and_unscale_` at scale 1: 0.05 ms of host per module, but it
-writes every gradient back, 8 bytes per parameter). The trainer starts with 'norms' and
-switches to 'check' where the host is the bound (_StepPipeline)."""
+    return not (isinstance(optimizer, torch.optim.SGD)
+                and any(g["momentum"] for g in optimizer.param_groups))
 
 
 class GuardChoice:
