@@ -112,10 +112,9 @@ def test_steps_in_flight_train_as_steps_read_one_by_one(graphs):
     assert_state_close(state_of(in_flight.modules), state_of(one_by_one.modules))
 
 
-def test_a_nan_step_is_skipped_on_the_gpu_without_a_host_check(monkeypatch):
-    """Fused AdamW told `found_inf` by the device: the skipped step leaves every weight as the
-    clean run's after step 1 (an applied update, even of zero gradients, moves them by about
-    the learning rate), though the host read the step only after launching the next."""
+def _clean_and_skipped(monkeypatch, nan_step: int):
+    """ImageBind tiny, fp32, trained `nan_step` steps clean, then one step more with a NaN
+    gradient at `nan_step` and --skip-nonfinite."""
     from mosaic.zoo import get_model
 
     plan = one_gpu_plans(get_model("imagebind").graph("tiny"))["temporal"]
@@ -125,9 +124,16 @@ def test_a_nan_step_is_skipped_on_the_gpu_without_a_host_check(monkeypatch):
                                  warmup_steps=1, engine=FP32, device="cuda", progress=False,
                                  skip_nonfinite=True))
 
-    clean = run(2)
-    monkeypatch.setenv("MOSAIC_FAULT", "nan:rank=0:step=2")
-    skipped = run(3)
+    clean = run(nan_step)
+    monkeypatch.setenv("MOSAIC_FAULT", f"nan:rank=0:step={nan_step}")
+    return clean, run(nan_step + 1)
+
+
+def test_a_nan_step_is_skipped_on_the_gpu_without_a_host_check(monkeypatch):
+    """Fused AdamW told `found_inf` by the device: the skipped step leaves every weight as the
+    clean run's after step 1 (an applied update, even of zero gradients, moves them by about
+    the learning rate), though the host read the step only after launching the next."""
+    clean, skipped = _clean_and_skipped(monkeypatch, 2)
     assert [("skipped" in r) for r in skipped.steps] == [False, False, True]
     assert_state_close(state_of(skipped.modules), state_of(clean.modules))
 
@@ -136,18 +142,7 @@ def test_a_host_bound_run_turns_to_the_fused_check_and_still_skips_a_nan_step(mo
     """A tiny model's step is bound by the host: after five steps the guard checks each
     module's gradients in one kernel (engine/steps.py GuardChoice); a NaN at step 6 is still
     skipped on the GPU."""
-    from mosaic.zoo import get_model
-
-    plan = one_gpu_plans(get_model("imagebind").graph("tiny"))["temporal"]
-
-    def run(steps: int):
-        return train(TrainConfig(model="imagebind", preset="tiny", plan=plan, steps=steps,
-                                 warmup_steps=1, engine=FP32, device="cuda", progress=False,
-                                 skip_nonfinite=True))
-
-    clean = run(6)
-    monkeypatch.setenv("MOSAIC_FAULT", "nan:rank=0:step=6")
-    skipped = run(7)
+    clean, skipped = _clean_and_skipped(monkeypatch, 6)
     assert skipped.summary["nan_guard"] == "check"
     assert [("skipped" in r) for r in skipped.steps] == [False] * 6 + [True]
     assert_state_close(state_of(skipped.modules), state_of(clean.modules))
