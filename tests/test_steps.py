@@ -112,3 +112,16 @@ def test_a_nan_step_after_the_guard_turned_is_skipped_too(monkeypatch):
     assert [("skipped" in r) for r in result.steps] == [False] * 6 + [True]
     want, got = state_of(clean.modules), state_of(result.modules)
     assert all(torch.equal(want[k], got[k]) for k in want)
+
+
+def test_the_cli_passes_read_each_step(tmp_path):
+    import subprocess
+    import sys
+
+    out = tmp_path / "run"
+    result = subprocess.run([sys.executable, "-m", "mosaic", "train", "clip", "--preset", "tiny",
+                             "--steps", "2", "--read-each-step", "--out", str(out)],
+                            capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, result.stderr[-2000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["config"]["read_each_step"] is True
