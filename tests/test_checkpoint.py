@@ -38,6 +38,7 @@ from mosaic.engine.checkpoint import (
 )
 from mosaic.engine.comm import PlanComm
 from mosaic.engine.runner import PlanRunner
+from mosaic.engine.session import host_all_reduce
 from mosaic.engine.trainer import build_modules, make_batch, make_optimizer
 from mosaic.plan import Placement, Plan, Stage
 from tests.helpers import start_workers
@@ -76,7 +77,7 @@ def train_steps(model, runner: PlanRunner, optimizer, steps: range, after_step=N
         out = runner.step(data)
         if optimizer is not None:
             optimizer.step()
-        losses.extend(runner.comm.all_reduce_scalars([out.loss.item()], "sum"))
+        losses.extend(host_all_reduce([out.loss.item()], "sum"))
         if after_step is not None:
             after_step(step + 1)
     return losses

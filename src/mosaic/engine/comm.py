@@ -333,14 +333,6 @@ class PlanComm:
                 g.copy_(flat[offset:offset + g.numel()].view_as(g))
                 offset += g.numel()
 
-    def all_reduce_scalars(self, values: Sequence[float], op: str = "sum") -> list[float]:
-        """Reduce a few floats over the whole world (host sync: call outside timed regions)."""
-        if self.world_size == 1:
-            return [float(v) for v in values]
-        t = torch.tensor(list(values), dtype=torch.float64, device=self.device)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM)
-        return [float(v) for v in t.tolist()]
-
 
 def broadcast_bytes(payload: bytes | None, device: torch.device | str, src: int = 0) -> bytes:
     """`payload` of rank `src` on every rank of the world (e.g. a plan's JSON, so that all

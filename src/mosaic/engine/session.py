@@ -162,13 +162,13 @@ def _host_group(world: int, cuda: bool, timeout_s: float | None) -> Any:
     return _HOST_GROUP[0]
 
 
-def host_all_reduce(values: list[float], op: str, d: Dist) -> list[float]:
-    """Host floats reduced over the world ('sum' or 'max') without touching a GPU stream."""
-    if d.world_size == 1:
+def host_all_reduce(values: list[float], op: str, group: Any = None) -> list[float]:
+    """Host floats reduced over the world ('sum' or 'max') without touching a GPU stream:
+    `group` is the NCCL world's gloo group (Dist.host_group); None in a gloo world."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         return [float(v) for v in values]
     t = torch.tensor(values, dtype=torch.float64)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM,
-                    group=d.host_group)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM, group=group)
     return t.tolist()
 
 

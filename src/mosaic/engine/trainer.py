@@ -571,7 +571,7 @@ def _step_metrics(step: int, config: TrainConfig, graph: MMGraph, d: Dist,
     """One metrics line: the loss summed over ranks' shares (already reduced), time and memory
     of the slowest rank."""
     peak = torch.cuda.max_memory_allocated(d.device) if d.device.type == "cuda" else 0
-    slowest_s, peak = host_all_reduce([step_time_s, float(peak)], "max", d)
+    slowest_s, peak = host_all_reduce([step_time_s, float(peak)], "max", d.host_group)
     row = {"step": step, "loss": total_loss, "step_time_s": slowest_s,
            "samples_per_s": graph.global_batch / slowest_s if slowest_s > 0 else None,
            "warmup": step < config.warmup_steps}
