@@ -568,7 +568,8 @@ def train_in_flight(results: Path, arg: str | None) -> str:
             continue
         medians = report["median_step_s"]
         variants = "; ".join(f"{k} {v * 1e3:.2f} ms" for k, v in
-                             report.get("in_flight_row_variants_s", {}).items()) or "–"
+                             (report.get("in_flight_row_variants_s", {})
+                              | report.get("in_flight_guard_variants_s", {})).items()) or "–"
         rows.append([str(path.relative_to(results / arg)), report["model"], report["preset"],
                      str(report["batch"]), report["compile_scope"], str(len(report["runs"]) // 2),
                      _row_drawing(report), _host_rows(report),
@@ -578,7 +579,7 @@ def train_in_flight(results: Path, arg: str | None) -> str:
     return table(["file", "model", "preset", "batch", "compile scope", "rounds",
                   "rows drawn by", "one step's rows on one thread, ms", "read each step, ms",
                   "in flight, ms", "in flight vs read each", "MFU in flight (of 989 TF/s)",
-                  "in flight, other row drawing"], rows)
+                  "in flight, other row drawing or NaN guard"], rows)
 
 
 @renderer("guard-host-cost")

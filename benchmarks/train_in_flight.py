@@ -51,6 +51,9 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--row-variants", action="store_true",
                         help="also in flight with 1 row thread, and with every step's rows "
                         "made once (what the step costs without drawing data)")
+    parser.add_argument("--guard-variants", action="store_true",
+                        help="also in flight with the NaN guard held at 'norms' and at 'check' "
+                        "(the trainer picks one after five steps; this times both)")
     return parser.parse_args()
 
 
@@ -101,11 +104,28 @@ def row_variants(args: argparse.Namespace, plan, cuda: bool) -> dict[str, float]
     return {label: summary["step_time_median_s"] for label, summary in out.items()}
 
 
+def guard_variants(args: argparse.Namespace, plan, cuda: bool) -> dict[str, float]:
+    """Median step in flight with the NaN guard held at each kind: what the automatic choice
+    (GuardChoice) gains or loses against the other."""
+    from unittest import mock
+
+    from mosaic.engine import steps
+
+    out = {}
+    for guard, bound in (("norms", float("inf")), ("check", 0.0)):
+        with mock.patch.object(steps.GuardChoice, "HOST_BOUND", bound):
+            summary = train(run_config(args, plan, False, cuda)).summary
+        assert summary["nan_guard"] == guard, summary["nan_guard"]
+        out[f"guard {guard}"] = summary["step_time_median_s"]
+        print(f"{'guard ' + guard:>15}: {summary['step_time_median_s'] * 1e3:8.2f} ms", flush=True)
+    return out
+
+
 def main() -> None:
     args = arguments()
     cuda = torch.cuda.is_available()
     if not cuda:
-        args.preset, args.steps, args.warmup, args.rounds = "tiny", 4, 1, 1
+        args.preset, args.steps, args.warmup, args.rounds = "tiny", 8, 1, 1
     graph = get_model(args.model).graph(args.preset, global_batch=args.batch)
     cluster = make_cluster(1, "h200")
     plan = make_plan(graph, 1, planner=args.planner,
@@ -118,7 +138,8 @@ def main() -> None:
                          "step_time_median_s": summary["step_time_median_s"],
                          "step_time_p10_s": summary["step_time_p10_s"],
                          "step_time_p90_s": summary["step_time_p90_s"],
-                         "final_loss": summary["final_loss"]})
+                         "final_loss": summary["final_loss"],
+                         "nan_guard": summary.get("nan_guard")})
             print(f"round {r} {mode:>15}: {summary['step_time_median_s'] * 1e3:8.2f} ms "
                   f"(p90 {summary['step_time_p90_s'] * 1e3:.2f})", flush=True)
     medians = {mode: statistics.median(x["step_time_median_s"] for x in runs if x["mode"] == mode)
@@ -140,6 +161,8 @@ def main() -> None:
           f"{result['row_threads']} row threads")
     if args.row_variants:
         result["in_flight_row_variants_s"] = row_variants(args, plan, cuda)
+    if args.guard_variants:
+        result["in_flight_guard_variants_s"] = guard_variants(args, plan, cuda)
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=2))
