@@ -104,6 +104,46 @@ def test_files_can_be_given_one_by_one(tmp_path):
     assert iteration_error([b, a])["files"] == [str(b), str(a)]
 
 
+def supersede(directory, entries):
+    (Path(directory) / "superseded.json").write_text(json.dumps(entries))
+
+
+def test_a_superseded_run_is_listed_but_not_gated(tmp_path):
+    with_errors(tmp_path / "old" / "bench.json", 0.30, 0.01)
+    with_errors(tmp_path / "old" / "kept.json", 0.02)
+    with_errors(tmp_path / "rerun" / "bench.json", 0.03)
+    supersede(tmp_path / "old", {"bench.json": {"by": "../rerun/bench.json", "why": "old engine"}})
+    r = iteration_error(tmp_path)
+    assert [bool(row["superseded"]) for row in r["rows"]] == [True, True, False, False]
+    assert r["rows"][0]["superseded"]["why"] == "old engine"
+    assert r["count"] == 2 and r["superseded"] == 2 and r["passed"]
+    assert "2 rows of superseded runs" in gate_summary(r)
+
+
+def test_a_star_entry_supersedes_every_run_of_its_directory(tmp_path):
+    with_errors(tmp_path / "old" / "a.json", 0.5)
+    with_errors(tmp_path / "old" / "b.json", -0.5)
+    with_errors(tmp_path / "new" / "a.json", 0.01)
+    supersede(tmp_path / "old", {"*": {"by": "../new", "why": "foreach AdamW"}})
+    r = iteration_error(tmp_path)
+    assert r["count"] == 1 and r["superseded"] == 2 and r["passed"]
+
+
+@pytest.mark.parametrize("entries, needle", [
+    ({"bench.json": {"by": "../nowhere.json", "why": "x"}}, "does not exist"),
+    ({"bench.json": {"why": "no rerun named"}}, 'needs "by"'),
+    ("{broken", "not readable JSON"),
+])
+def test_a_bad_superseded_file_names_the_fix(tmp_path, entries, needle):
+    with_errors(tmp_path / "bench.json", 0.01)
+    if isinstance(entries, str):
+        (tmp_path / "superseded.json").write_text(entries)
+    else:
+        supersede(tmp_path, entries)
+    with pytest.raises(BenchResultsError, match=needle):
+        iteration_error(tmp_path)
+
+
 @pytest.mark.parametrize("make, needle", [
     (lambda d: d / "missing", "does not exist"),
     (lambda d: d, "no `mosaic bench` results"),

@@ -34,7 +34,7 @@ from mosaic.perf.profiled import (
     held_out_errors,
     interference_fit_name,
 )
-from mosaic.perf.results import bench_result_files, load_bench_result
+from mosaic.perf.results import bench_result_files, load_bench_result, superseded
 from mosaic.profile.db import ColocPoint, FitRecord, ModulePoint, ProfileDB
 
 
@@ -242,9 +242,11 @@ ITERATION_MEDIAN_ERROR = 0.05
 """Target: the median |error| over all predicted plan rows at most 5%."""
 
 
-def _iteration_rows(name: str, report: dict[str, Any], repredict: Any = None) -> list[dict[str, Any]]:
+def _iteration_rows(name: str, report: dict[str, Any], repredict: Any = None,
+                    replaced: dict[str, str] | None = None) -> list[dict[str, Any]]:
     """One row per measured plan; a row without a prediction (user-program baselines such as
-    torch-eager / torch-compile) keeps predicted_s and error None and stays out of the gate."""
+    torch-eager / torch-compile) keeps predicted_s and error None and stays out of the gate,
+    as does every row of a superseded run (`replaced`: results.superseded)."""
     rows = []
     for r in report["results"]:
         if not isinstance(r, dict) or not r.get("measured_iteration_s"):
@@ -257,12 +259,13 @@ def _iteration_rows(name: str, report: dict[str, Any], repredict: Any = None) ->
         rows.append({"file": name, "model": report.get("model"), "preset": report.get("preset"),
                      "gpus": report.get("gpus"), "global_batch": report.get("global_batch"),
                      "planner": r.get("planner"), "predicted_s": predicted, "measured_s": measured,
-                     "error": None if predicted is None else predicted / measured - 1})
+                     "error": None if predicted is None else predicted / measured - 1,
+                     "superseded": replaced})
     return rows
 
 
 def _gate(rows: Sequence[dict[str, Any]], max_error: float, median_error: float) -> dict[str, Any]:
-    gated = [r for r in rows if r["error"] is not None]
+    gated = [r for r in rows if r["error"] is not None and not r.get("superseded")]
     errors = [abs(r["error"]) for r in gated]
     if not errors:  # nothing predicted: nothing shows the model is accurate
         return {"count": 0, "median_abs_error": None, "max_abs_error": None,
@@ -287,11 +290,13 @@ def iteration_error(paths_or_dir: str | Path | Iterable[str | Path], *,
     rows: list[dict[str, Any]] = []
     files = bench_result_files(paths_or_dir)
     for name, path in files:
-        rows += _iteration_rows(name, load_bench_result(path) or {"results": []}, repredict)
+        rows += _iteration_rows(name, load_bench_result(path) or {"results": []}, repredict,
+                                superseded(path))
     return {"files": [name for name, _ in files],
             "predictions": "recorded" if repredict is None else "today's model",
             "targets": {"max_abs_error": max_error, "median_abs_error": median_error},
             "rows": rows, "not_predicted": sum(r["error"] is None for r in rows),
+            "superseded": sum(bool(r["superseded"]) and r["error"] is not None for r in rows),
             **_gate(rows, max_error, median_error)}
 
 
@@ -307,7 +312,9 @@ def gate_summary(result: dict[str, Any]) -> str:
             f"max {result['max_abs_error']:.1%} (target <= {t['max_abs_error']:.0%}; "
             f"{w['model']} {w['planner']}, {w['file']}), "
             f"{result['share_within_max_error']:.0%} within {t['max_abs_error']:.0%}; "
-            f"{result['not_predicted']} rows not predicted (excluded)")
+            f"{result['not_predicted']} rows not predicted (excluded)"
+            + (f", {result['superseded']} rows of superseded runs (excluded; their reruns "
+               f"are gated)" if result.get("superseded") else ""))
 
 
 def print_iteration_error(result: dict[str, Any], console: Any = None) -> None:
@@ -326,6 +333,9 @@ def print_iteration_error(result: dict[str, Any], console: Any = None) -> None:
     for r in result["rows"]:
         if r["error"] is None:
             predicted, error = "-", "not predicted"
+        elif r["superseded"]:
+            predicted = f"{r['predicted_s'] * 1e3:.2f}"
+            error = f"[dim]{r['error'] * 100:+.1f}% superseded[/]"
         else:
             predicted = f"{r['predicted_s'] * 1e3:.2f}"
             style = "red" if abs(r["error"]) > limit else "green"

@@ -28,7 +28,7 @@ from scipy.optimize import least_squares
 
 from mosaic.errors import MosaicError
 from mosaic.graph import MMGraph
-from mosaic.perf.results import bench_result_files, graph_of, load_bench_result
+from mosaic.perf.results import bench_result_files, graph_of, load_bench_result, superseded
 from mosaic.plan import Plan, PlanError
 from mosaic.profile.db import FitRecord, ProfileDB, kernels_label
 
@@ -212,12 +212,15 @@ def plan_features(plan: Plan, graph: MMGraph, predicted_s: float) -> dict[str, f
 def rows_from_results(paths: str | Path | Iterable[str | Path],
                       repredict: Any = None) -> list[IterationRow]:
     """Plan rows of `mosaic bench` results predicted by the profiled model (the term corrects
-    that model; an analytic prediction has other errors). User programs have no plan: skipped.
+    that model; an analytic prediction has other errors). User programs have no plan, and a
+    superseded run (results.superseded) measured an engine that no longer runs: both skipped.
     `repredict` (perf.repredict.Repredictor): fit against today's composed prediction (its
     surfaces, without any engine term) instead of the one each result recorded."""
     rows: list[IterationRow] = []
     graphs: dict = {}
     for name, path in bench_result_files(paths):
+        if superseded(path):
+            continue
         report = load_bench_result(path) or {}
         if repredict is None and not str(report.get("perf_model", "")).startswith("profiled"):
             continue

@@ -10,7 +10,8 @@ from typing import Any
 
 from mosaic.errors import MosaicError
 
-__all__ = ["BenchResultsError", "bench_result_files", "graph_of", "load_bench_result"]
+__all__ = ["BenchResultsError", "SUPERSEDED_FILE", "bench_result_files", "graph_of",
+           "load_bench_result", "superseded"]
 
 
 class BenchResultsError(MosaicError):
@@ -32,6 +33,36 @@ def load_bench_result(path: str | Path) -> dict[str, Any] | None:
         return None
     keys = ("measured_iteration_s", "predicted_iteration_s")
     return obj if any(isinstance(r, dict) and all(k in r for k in keys) for r in rows) else None
+
+
+SUPERSEDED_FILE = "superseded.json"
+"""In a results directory: {file name or "*": {"by": the rerun's path relative to the directory,
+"why": what changed}}. A run of an engine or zoo that has changed since, measured again."""
+
+
+def superseded(path: str | Path) -> dict[str, str] | None:
+    """{"by", "why"} when its directory's superseded.json names this results file (or "*"),
+    else None. The iteration gate lists such rows but does not judge today's model by them:
+    they measured code that no longer runs. Only a rerun that exists can supersede a run."""
+    path = Path(path)
+    marker = path.parent / SUPERSEDED_FILE
+    if not marker.is_file():
+        return None
+    try:
+        entries = json.loads(marker.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise BenchResultsError(f"{marker} is not readable JSON ({err}); fix or delete it") from err
+    entry = entries.get(path.name, entries.get("*")) if isinstance(entries, dict) else None
+    if entry is None:
+        return None
+    if not isinstance(entry, dict) or not entry.get("by") or not entry.get("why"):
+        raise BenchResultsError(f'{marker}: the entry for {path.name} needs "by" (the rerun that '
+                                f'replaces it) and "why" (what changed)')
+    if not (path.parent / entry["by"]).exists():
+        raise BenchResultsError(f'{marker}: "by" of {path.name} is {entry["by"]}, which does not '
+                                f"exist: name the rerun's file or directory, relative to "
+                                f"{path.parent}")
+    return {"by": str(entry["by"]), "why": str(entry["why"])}
 
 
 def bench_result_files(paths_or_dir: str | Path | Iterable[str | Path]) -> list[tuple[str, Path]]:
