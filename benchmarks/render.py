@@ -12,7 +12,7 @@ fixed rules, so the output is deterministic and a figure cannot drift from its d
 Renderers: one-gpu-bench[:DIR], green-probe[:FILE], bench:DIR_OR_FILE, iteration-error[:DIR],
 scaling-sim[:DIR], variants:DIR, targets-1gpu, profile-recipe[:DB],
 step-fit:FILE,FILE[,...], kernel-time:FILE[,...], train-in-flight:DIR,
-guard-host-cost:FILE.
+guard-host-cost:FILE, autotune-choices:FILE, gate-misses[:DIR].
 """
 
 from __future__ import annotations
@@ -474,7 +474,9 @@ def iteration_error_table(dir_or_files: str | Path | Iterable[str | Path],
         row["file"] = row["file"].removeprefix(f"{results}/")
     rows = [[r["file"], r["model"], r["preset"], str(r["gpus"]), str(r["global_batch"]),
              r["planner"], ms(r["predicted_s"]), ms(r["measured_s"]),
-             "not predicted" if r["error"] is None else pct(r["error"])] for r in result["rows"]]
+             "not predicted" if r["error"] is None
+             else f"{pct(r['error'])} (superseded)" if r["superseded"] else pct(r["error"])]
+            for r in result["rows"]]
     verdict, rest = gate_summary(result).split(": ", 1)
     return (table(["file", "model", "preset", "GPUs", "batch", "planner", "predicted, ms",
                    "measured, ms", "error"], rows)
@@ -484,6 +486,25 @@ def iteration_error_table(dir_or_files: str | Path | Iterable[str | Path],
 @renderer("iteration-error")
 def iteration_error_block(results: Path, arg: str | None) -> str:
     return iteration_error_table(arg or ".", results)
+
+
+@renderer("gate-misses")
+def gate_misses(results: Path, arg: str | None) -> str:
+    """The gate over every result under results/ARG (default: all), by today's model: its
+    verdict, then only the plan rows outside the 10% target, per result file."""
+    from mosaic.perf.accuracy import gate_summary, iteration_error
+    from mosaic.perf.repredict import Repredictor
+
+    result = iteration_error(results / (arg or "."), repredict=Repredictor())
+    limit = result["targets"]["max_abs_error"]
+    rows = [[r["file"], r["model"], r["preset"], str(r["gpus"]), str(r["global_batch"]),
+             r["planner"], ms(r["predicted_s"]), ms(r["measured_s"]), pct(r["error"])]
+            for r in result["rows"] if r["error"] is not None and not r["superseded"]
+            and abs(r["error"]) > limit]
+    verdict, rest = gate_summary(result).split(": ", 1)
+    return (f"**{verdict}**: {rest.replace('<=', '≤')}\n\n"
+            + table(["file", "model", "preset", "GPUs", "batch", "planner", "predicted, ms",
+                     "measured, ms", "error"], rows))
 
 
 # --- the batch-independent part of a step (what bounds MFU at a small batch) ---------------
@@ -595,6 +616,27 @@ def guard_host_cost(results: Path, arg: str | None) -> str:
                      f"{host['check']:.2f}"])
     return table(["model", "preset", "modules", "gradient tensors", "parameters",
                   "norms, host ms a step", "check, host ms a step"], rows)
+
+
+# --- Inductor's max-autotune choices (benchmarks/autotune_choices.py) ---------------------------
+
+@renderer("autotune-choices")
+def autotune_choices(results: Path, arg: str | None) -> str:
+    """Each operator Inductor tuned: its fastest kernel against ATen's (cuBLAS/cuDNN), and the
+    seconds its tuning took; then the totals."""
+    if not arg:
+        raise RenderError("autotune-choices needs a JSON under results/")
+    tuned = load(results / arg)["tuned"]
+    rows = [[f"{t['op']}({t['shapes']})", t["best"], f"{t['best_ms']:.4f}",
+             f"{t['aten_ms']:.4f}" if t["aten_ms"] is not None
+             else f"not in the top (> {t['slowest_listed_ms']:.4f})",
+             f"{t['aten_ms'] / t['best_ms']:.2f}x" if t["aten_ms"] is not None else "–",
+             f"{t['tuning_s']:.1f}"] for t in tuned]
+    faster = sum(t["aten_ms"] is None or t["aten_ms"] >= 1.05 * t["best_ms"] for t in tuned)
+    return (table(["operator (shapes)", "fastest choice", "fastest, ms", "ATen, ms",
+                   "ATen / fastest", "tuning, s"], rows)
+            + f"\n\n{len(tuned)} operators tuned in {sum(t['tuning_s'] for t in tuned):.0f} s; "
+            f"a generated kernel beat ATen by 5% or more on {faster}.")
 
 
 # --- attention with and without mask tensors (benchmarks/attention_mask_ab.py) -----------------

@@ -9,14 +9,7 @@ set -u
 OUT=${1:?usage: weak_scaling_and_autotune_kernels_h200x2.sh OUT}
 mkdir -p "$OUT" /tmp/logs
 export PYTHONPATH=src NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
-(
-  CUDA_VISIBLE_DEVICES=0 timeout 330 python -m mosaic bench clip --gpus 1 --preset small \
-    --batch 128 --perf-model profiled --planners megatron,mosaic \
-    --compile max-autotune-no-cudagraphs --user-programs torch-compile --rounds 4 \
-    --out /tmp/c2 --json > "$OUT/bench_clip_small_1gpu_b128_max_autotune.json" \
-    2> /tmp/logs/bench_clip_small_1gpu_b128_max_autotune.err
-  echo "clip small max-autotune rc=$?"
-) &
+GPU=0 bash benchmarks/autotune_kernels_h200.sh "$OUT" &
 (
   CUDA_VISIBLE_DEVICES=1 timeout 200 python -m mosaic bench clip --gpus 1 --preset paper \
     --batch 16 --perf-model profiled --planners megatron --user-programs torch-compile \
