@@ -128,6 +128,9 @@ class PlanMeasurement:
     plan: Plan | None
     """None for a user program (it has no plan)."""
     step_times_s: list[float] = field(default_factory=list)
+    launch_times_s: list[float] = field(default_factory=list)
+    """Per timed step, the slowest rank's host seconds from the step's start until its
+    optimizer step was launched: near the step time, the host is what bounds the step."""
     pool: dict[str, Any] = field(default_factory=dict)
     timeline: list[dict[str, Any]] = field(default_factory=list)
     gpu_util: float | None = None
@@ -158,7 +161,14 @@ class PlanMeasurement:
             "max_grad_error": max(self.grad_error.values(), default=None),
             "same_plan_as": self.same_plan_as, "engine_variant": self.engine_variant,
             "graph_memory_bytes": self.graph_memory_bytes,
+            **self._launch_summary(),
         }
+
+    def _launch_summary(self) -> dict[str, Any]:
+        if not self.launch_times_s:
+            return {"host_launch_median_s": None, "host_launch_share": None}
+        launch = float(np.median(self.launch_times_s))
+        return {"host_launch_median_s": launch, "host_launch_share": launch / self.median_s}
 
 
 # --- contenders: one step function per plan or user program -----------------------------------
@@ -476,15 +486,17 @@ def _refuse_differing(errors: dict[str, dict[str, float]], reference: str,
 
 
 # --- timing ------------------------------------------------------------------------------------
-def _one_step(s: _Setup, c: _Contender) -> float:
-    """Seconds of one training step on the slowest rank."""
+def _one_step(s: _Setup, c: _Contender) -> tuple[float, float]:
+    """Seconds of one training step on the slowest rank, and the most host seconds a rank
+    took to launch it (forward, backward and optimizer step issued)."""
     _zero_grads(s)
     try:
-        start = s.timer.mark()
+        start, launch_start = s.timer.mark(), time.perf_counter()
         loss = c.step()
         optimizer = c.optimizer or s.optimizer
         if optimizer is not None:
             optimizer.step()
+        launch = time.perf_counter() - launch_start
         seconds = s.timer.seconds(start, s.timer.mark())
         finite = math.isfinite(loss.item())
     except RuntimeError as error:  # CUDA faults surface at the next sync: say whose step it was
@@ -493,8 +505,8 @@ def _one_step(s: _Setup, c: _Contender) -> float:
         raise
     if not finite:
         raise BenchError(f"{c.label!r}: loss became non-finite; lower --lr")
-    (slowest,) = _world_sum([seconds], s.device, op="max")
-    return slowest
+    slowest, launch = _world_sum([seconds, launch], s.device, op="max")
+    return slowest, launch
 
 
 def _round_groups(s: _Setup, config: BenchConfig) -> list[list[str]]:
@@ -507,8 +519,9 @@ def _round_groups(s: _Setup, config: BenchConfig) -> list[list[str]]:
     return [group for group in (plans, users) if group]
 
 
-def _timed_rounds(s: _Setup, config: BenchConfig) -> dict[str, list[float]]:
-    times: dict[str, list[float]] = {label: [] for label in s.contenders}
+def _timed_rounds(s: _Setup, config: BenchConfig) -> dict[str, list[tuple[float, float]]]:
+    """Per label, (step seconds, host launch seconds) of every timed step."""
+    times: dict[str, list[tuple[float, float]]] = {label: [] for label in s.contenders}
     for labels in _round_groups(s, config):
         for label in labels:
             for _ in range(config.warmup_steps):
@@ -563,7 +576,8 @@ def _nvml_util(s: _Setup, c: _Contender, seconds: float) -> float | None:
 
     thread = threading.Thread(target=sample, daemon=True)
     thread.start()
-    (steps,) = _world_sum([max(1.0, round(seconds / max(1e-4, _one_step(s, c))))], s.device, "max")
+    step_s = _one_step(s, c)[0]
+    (steps,) = _world_sum([max(1.0, round(seconds / max(1e-4, step_s)))], s.device, "max")
     for _ in range(int(steps)):
         _one_step(s, c)
     stop.set()
@@ -662,7 +676,9 @@ def _measure_group(model, preset: str, graph: MMGraph, plans: dict[str, Plan], g
         results = []
         for label, c in s.contenders.items():
             results.append(PlanMeasurement(
-                label=label, plan=plans.get(label), step_times_s=times[label],
+                label=label, plan=plans.get(label),
+                step_times_s=[step for step, _ in times[label]],
+                launch_times_s=[launch for _, launch in times[label]],
                 pool=c.session.pool.describe() if c.session else {},
                 timeline=_timeline(s, c), gpu_util=_nvml_util(s, c, config.nvml_seconds),
                 grad_error=errors.get(label, {}), startup_s=c.startup_s,

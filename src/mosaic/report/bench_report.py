@@ -58,7 +58,7 @@ def print_bench_table(report: dict) -> None:
     table = Table(title=(f"{report['model']} ({report['preset']}, batch {report['global_batch']}) "
                          f"on {report['gpus']} x {report['hardware']}"))
     for column in ("planner", "measured (median)", "p10-p90", "predicted", "error",
-                   "vs best baseline", "samples/s", "MFU", "GPU util", "quotas"):
+                   "vs best baseline", "samples/s", "MFU", "GPU util", "launch/step", "quotas"):
         table.add_column(column, justify="left" if column == "planner" else "right")
     best = report.get("best_baseline_s")
     for r in report["results"]:
@@ -72,6 +72,7 @@ def print_bench_table(report: dict) -> None:
             f"{best / r['measured_iteration_s']:.2f}x" if best else "-",
             f"{r['samples_per_s']:.1f}", f"{r['mfu'] * 100:.1f}%",
             f"{util * 100:.0f}%" if util is not None else "-",
+            f"{r['host_launch_share']:.0%}" if r.get("host_launch_share") is not None else "-",
             "enforced" if r["quotas_enforced"] else r["pool_backend"],
         )
     console = Console(width=160)
