@@ -45,3 +45,41 @@ def test_shell_scripts_call_mosaic_with_options_it_has(script):
         known = {o for p in commands[sub].params for o in (*p.opts, *p.secondary_opts)}
         unknown = sorted(set(options) - known)
         assert not unknown, f"{script.name}: mosaic {sub} has no option {unknown}"
+
+
+def _script(name: str):
+    path = Path(__file__).parents[1] / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+AUTOTUNE_LOG = """\
+AUTOTUNE addmm(64x512, 64x512, 512x512)
+strides: [0, 1], [512, 1], [1, 512]
+dtypes: torch.bfloat16, torch.bfloat16, torch.bfloat16
+  triton_mm_1 0.0200 ms 100.0% BLOCK_K=64, num_warps=4
+  addmm 0.0300 ms 66.7%
+SingleProcess AUTOTUNE benchmarking takes 1.5 seconds and 0.5 seconds precompiling for 21 choices
+E1202 a traceback line that is not part of any block
+AUTOTUNE mm(512x64, 64x512)
+  mm 0.0100 ms 100.0%
+  triton_mm_2 0.0150 ms 66.7% BLOCK_K=32
+SingleProcess AUTOTUNE benchmarking takes 3.0 seconds and 0.0 seconds precompiling for 20 choices
+AUTOTUNE mm(9x9, 9x9)
+  triton_mm_3 0.0050 ms 100.0% BLOCK_K=16
+SingleProcess AUTOTUNE benchmarking takes 1.0 seconds and 0.0 seconds precompiling for 20 choices
+AUTOTUNE mm(1x1, 1x1)
+  triton_mm_4 0.0010 ms 100.0%
+"""
+
+
+def test_autotune_log_gives_each_operators_best_and_aten_time():
+    tuned = _script("autotune_choices").parse(AUTOTUNE_LOG)
+    assert [t["op"] for t in tuned] == ["addmm", "mm", "mm"]  # the unfinished block is left out
+    first, second, third = tuned
+    assert (first["best"], first["best_ms"], first["aten_ms"]) == ("triton_mm_1", 0.02, 0.03)
+    assert first["tuning_s"] == 2.0 and first["choices"] == 21
+    assert (second["best"], second["aten_ms"]) == ("mm", 0.01)
+    assert third["aten_ms"] is None and third["slowest_listed_ms"] == 0.005
