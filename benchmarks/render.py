@@ -445,7 +445,7 @@ def targets_one_gpu(results: Path, arg: str | None) -> str:
                 if key in latest:
                     rows.append(head + _target_row(latest[key][1], latest[key][0], results, times))
                 else:
-                    rows.append(head + ["not measured"] + ["–"] * 8)
+                    rows.append(head + [_unmeasured(model, preset, key[2])] + ["–"] * 8)
     header = ["model", "preset", "batch", "result", "date", "mosaic, ms",
               "best baseline, ms", "torch-compile, ms",
               f"vs best baseline (≥{SPEEDUP_VS_BASELINE:.2f}x)",
@@ -454,6 +454,25 @@ def targets_one_gpu(results: Path, arg: str | None) -> str:
               f"mosaic MFU (of {PEAK_TFLOPS:.0f} TF/s; `paper` {', '.join(MFU_TARGET_MODELS)}: "
               f"≥{MFU_TARGET:.0%})"]
     return table(header, rows)
+
+
+def _unmeasured(model: str, preset: str, batch: int) -> str:
+    """Why a combination has no result: it does not fit on one GPU (the memory model's figures,
+    from the megatron planner's refusal), else it was not measured yet."""
+    from mosaic.api import plan
+    from mosaic.errors import MosaicError
+    from mosaic.zoo import get_model
+
+    try:
+        plan(get_model(model).graph(preset, global_batch=batch), 1, planner="megatron",
+             perf_model="analytic")
+    except MosaicError as error:
+        fit = re.search(r"needs ([\d.]+) GiB per GPU.*?only ([\d.]+) GiB is usable", str(error))
+        if fit:
+            return (f"does not fit on one H200 (memory model: {fit[1]} GiB a GPU, "
+                    f"{fit[2]} GiB usable)")
+        raise
+    return "not measured"
 
 
 # --- (d) the whole-iteration accuracy gate ----------------------------------------------------
