@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# One H200, one device call, results under $1; then MODEL:PRESET:BATCH:LIMIT_S rows to bench,
+# each with every planner against the user's torch.compile program (compiled whole), the
+# engine compiled by blocks at `paper` and whole at `small`. The default rows are the one-GPU
+# targets table's combinations that fit and were never measured with the user's program
+# beside the plans (BENCHMARKS.md, "Where the one-GPU engine-speed targets stand"):
+#   clip:small:32:150 ofasys:small:8:400      (one call, about 9 minutes with cold caches)
+#   ofasys:paper:32:560                        (a call of its own; PLANS_AT_ONCE=2 if memory
+#                                               runs out: four plans' graph pools at b32)
+set -u
+OUT=${1:?usage: target_rows_h200.sh OUT [MODEL:PRESET:BATCH:LIMIT_S ...]}
+mkdir -p "$OUT" /tmp/logs
+export PYTHONPATH=src PYTHONUNBUFFERED=1
+shift
+ROWS=("$@"); [ ${#ROWS[@]} -gt 0 ] || ROWS=(clip:small:32:150 ofasys:small:8:400)
+for row in "${ROWS[@]}"; do
+  IFS=: read -r model preset batch limit <<< "$row"
+  name=bench_${model}_${preset}_1gpu_b${batch}
+  scope=module; [ "$preset" = paper ] && scope=blocks
+  at_once=(); [ -n "${PLANS_AT_ONCE:-}" ] && at_once=(--plans-at-once "$PLANS_AT_ONCE")
+  timeout "$limit" python -m mosaic bench "$model" --gpus 1 --preset "$preset" --batch "$batch" \
+    --perf-model profiled --compile-scope "$scope" --user-programs torch-compile --rounds 3 \
+    "${at_once[@]}" --out "/tmp/$name" --json > "$OUT/$name.json" 2> "/tmp/logs/$name.err"
+  echo "$model $preset b$batch rc=$?"; grep "^mosaic bench" "/tmp/logs/$name.err" | tail -n 2
+done
+tar czf "$OUT/logs.tar.gz" -C /tmp logs
+python3 benchmarks/bench_summary.py "$OUT"/bench_*.json
