@@ -70,6 +70,9 @@ def test_every_step_is_read_once_in_order_with_its_time(tmp_path):
     rows = [json.loads(line) for line in metrics.read_text().splitlines()]
     assert [r["step"] for r in rows] == list(range(6)) == [r["step"] for r in result.steps]
     assert all(r["step_time_s"] > 0 and r["loss"] == r["loss"] for r in rows)
+    # On a CPU launching computes the step: the launch is nearly all of the step's time.
+    assert all(0 < r["launch_s"] <= r["step_time_s"] + 1e-3 for r in rows)
+    assert 0 < result.summary["host_launch_share"] <= 1.1
 
 
 def test_reading_each_step_first_trains_the_same_run():

@@ -543,7 +543,8 @@ class _StepPipeline:
                   f"{done.seconds * 1e3:.1f} ms: the NaN guard checks each module's gradients "
                   "in one kernel from here on", file=sys.stderr, flush=True)
         row = _step_metrics(done.step, self.config, self.graph, self.d, done.loss, done.seconds)
-        if done.bad:
+        row["launch_s"] = launch_s  # this rank's host time to launch it: near step_time_s,
+        if done.bad:                # the host bounds the step
             self._judge(done.step, done.bad)
             row["skipped"] = ", ".join(done.bad)
         self.record(row)
@@ -733,6 +734,8 @@ def _summary(config: TrainConfig, graph: MMGraph, session: RankSession,
     times = np.array([s["step_time_s"] for s in steps if not s["warmup"]]
                      or [s["step_time_s"] for s in steps])
     median = float(np.median(times))
+    launches = [s["launch_s"] for s in steps if not s["warmup"] and "launch_s" in s]
+    launch = float(np.median(launches)) if launches else None
     plan = session.plan
     return {
         "model": graph.name, "preset": config.preset, "planner": plan.planner,
@@ -742,6 +745,8 @@ def _summary(config: TrainConfig, graph: MMGraph, session: RankSession,
         "step_time_p10_s": float(np.percentile(times, 10)),
         "step_time_p90_s": float(np.percentile(times, 90)),
         "samples_per_s": graph.global_batch / median if median > 0 else None,
+        "host_launch_median_s": launch,
+        "host_launch_share": launch / median if launch is not None and median > 0 else None,
         "first_loss": steps[0]["loss"], "final_loss": steps[-1]["loss"],
         "peak_memory_bytes": max((s.get("peak_memory_bytes", 0) for s in steps), default=0),
         "predicted_iteration_s": plan.predicted_iteration_s,
