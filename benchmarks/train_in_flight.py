@@ -139,7 +139,8 @@ def main() -> None:
                          "step_time_p10_s": summary["step_time_p10_s"],
                          "step_time_p90_s": summary["step_time_p90_s"],
                          "final_loss": summary["final_loss"],
-                         "nan_guard": summary.get("nan_guard")})
+                         "nan_guard": summary.get("nan_guard"),
+                         "host_launch_share": summary.get("host_launch_share")})
             print(f"round {r} {mode:>15}: {summary['step_time_median_s'] * 1e3:8.2f} ms "
                   f"(p90 {summary['step_time_p90_s'] * 1e3:.2f})", flush=True)
     medians = {mode: statistics.median(x["step_time_median_s"] for x in runs if x["mode"] == mode)
