@@ -218,3 +218,22 @@ def test_simulate_shows_no_speedup_it_did_not_compute(tmp_path):
                     "--preset", "tiny", "--out", str(tmp_path / "s"), "--json")
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["plans"][0]["speedup_vs_megatron"] is None
+
+
+@pytest.mark.parametrize("device, share, said", [("cuda:0", 0.95, True), ("cuda:0", 0.5, False),
+                                                 ("cpu", 0.99, False)])
+def test_train_says_when_the_host_bounded_the_steps(capsys, device, share, said):
+    """On a GPU, a run whose launches take most of each step is told so (on a CPU launching
+    is the step itself: nothing to say)."""
+    from types import SimpleNamespace
+
+    from mosaic.cli import DataName, _say_trained
+    from mosaic.plan import Plan
+
+    summary = {"model": "clip", "preset": "tiny", "planner": "megatron", "num_gpus": 1,
+               "first_loss": 2.0, "final_loss": 1.0, "step_time_median_s": 0.01,
+               "step_time_p90_s": 0.011, "samples_per_s": 800.0, "pool": {},
+               "device": device, "host_launch_share": share}
+    plan = Plan(model="clip", planner="megatron", num_gpus=1, stages=())
+    _say_trained(SimpleNamespace(summary=summary, plan=plan), DataName.synthetic)
+    assert ("host-bound: launching a step took" in capsys.readouterr().out) is said

@@ -548,6 +548,13 @@ def _say_trained(result, data) -> None:
         f"(p90 {summary['step_time_p90_s'] * 1e3:.1f}), {summary['samples_per_s']:.1f} samples/s, "
         f"SM quotas: {_quota_state(result.plan, summary['pool'])}"
     )
+    from mosaic.engine.steps import GuardChoice  # its bound says when the host bounds a step
+
+    share = summary.get("host_launch_share")
+    bound = GuardChoice.HOST_BOUND
+    if share is not None and share >= bound and summary["device"].startswith("cuda"):
+        typer.echo(f"host-bound: launching a step took {share:.0%} of it on the host, so the GPU "
+                   f"waited; a larger --batch gives it more work per launch")
     if data != DataName.synthetic:
         typer.echo(_eval_line(summary.get("eval"), result.plan.num_gpus))
 
