@@ -543,8 +543,9 @@ class _StepPipeline:
                   f"{done.seconds * 1e3:.1f} ms: the NaN guard checks each module's gradients "
                   "in one kernel from here on", file=sys.stderr, flush=True)
         row = _step_metrics(done.step, self.config, self.graph, self.d, done.loss, done.seconds)
-        row["launch_s"] = launch_s  # this rank's host time to launch it: near step_time_s,
-        if done.bad:                # the host bounds the step
+        # This rank's host time to launch the step: near step_time_s, the host bounds it.
+        row["launch_s"] = launch_s
+        if done.bad:
             self._judge(done.step, done.bad)
             row["skipped"] = ", ".join(done.bad)
         self.record(row)
