@@ -391,14 +391,16 @@ def _compiled_one_gpu(report: dict[str, Any]) -> bool:
 
 def _latest_runs(results: Path) -> dict[tuple[str, str, int], tuple[Path, dict[str, Any]]]:
     """(model, preset, batch) -> the newest compiled one-GPU result with the user's
-    torch.compile program beside it, else the newest without."""
+    torch.compile program beside it, else the newest without; never a superseded one."""
+    from mosaic.perf.results import superseded
+
     def rank(report: dict[str, Any]) -> tuple[bool, str]:
         return user_baseline(report) is not None, report["date"]
 
     latest: dict[tuple[str, str, int], tuple[Path, dict[str, Any]]] = {}
     for path in _result_files(results, "."):
         report = load(path)
-        if not _compiled_one_gpu(report):
+        if not _compiled_one_gpu(report) or superseded(path):
             continue
         key = (report["model"], report["preset"], report["global_batch"])
         if key not in latest or rank(report) > rank(latest[key][1]):
