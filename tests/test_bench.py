@@ -378,3 +378,11 @@ def test_optimizer_overlap_is_a_variant_of_every_plan_and_refused_by_the_trainer
     with pytest.raises(TrainError, match="optimizer_overlap"):
         TrainConfig(model="clip", preset="tiny", plan=plans["mosaic"],
                     engine=EngineConfig(optimizer_overlap=True))
+
+
+def test_the_user_program_with_tuned_kernels_is_asked_for_not_run_by_default():
+    from mosaic.engine.measure import USER_PROGRAMS
+
+    assert BenchConfig().user_programs == ("torch-eager", "torch-compile")
+    assert USER_PROGRAMS["torch-compile-max-autotune"] == "max-autotune"
+    BenchConfig(user_programs=("torch-compile-max-autotune",))  # accepted

@@ -66,13 +66,17 @@ GRAD_TOLERANCE_MIN = 1e-3
 GRAD_TOLERANCE_FACTOR = 4.0
 """Tolerance = this x the measured eager-vs-compiled gradient difference (the noise floor)."""
 GRAD_TOLERANCE_MAX = 0.2
+"""A module whose gradients are dropped differs by 1.0: never tolerate that much."""
 COMPILED_NOISE_FLOOR = 0.03
 """The eager-vs-compiled gradient difference assumed when no torch-compile program measures it:
 measured 0.027-0.029 on the H200 under bf16 autocast (CLIP and ImageBind small); a plan compared
 with the eager reference without it failed at 0.036 against a tolerance of 0.03."""
-"""A module whose gradients are dropped differs by 1.0: never tolerate that much."""
-USER_PROGRAMS = {"torch-eager": None, "torch-compile": "reduce-overhead"}
-"""The user's own program, by label: its torch.compile mode (None = eager)."""
+USER_PROGRAMS = {"torch-eager": None, "torch-compile": "reduce-overhead",
+                 "torch-compile-max-autotune": "max-autotune"}
+"""The user's own program, by label: its torch.compile mode (None = eager). The last asks
+Inductor to tune its GEMM kernels (minutes of compiling): the fair comparison when the engine
+runs tuned kernels too (`--compile max-autotune-no-cudagraphs`)."""
+DEFAULT_USER_PROGRAMS = ("torch-eager", "torch-compile")
 BASELINES = ("megatron", "distmm", "spindle")
 USER_ROUNDS = ("interleaved", "apart")
 VARIANT_FIELDS = ("grad_sync", "reduce_dtype", "bucket_view", "grads_in_graph",
@@ -92,7 +96,7 @@ class BenchConfig:
     warmup_steps: int = 5
     engine: EngineConfig = field(default_factory=lambda: EngineConfig(graphs=True))
     """How every plan runs (CUDA graphs on by default: eager PyTorch is launch-bound)."""
-    user_programs: tuple[str, ...] = tuple(USER_PROGRAMS)
+    user_programs: tuple[str, ...] = DEFAULT_USER_PROGRAMS
     """The user's own programs to measure beside the plans (empty: plans only)."""
     user_rounds: str = "interleaved"
     """"interleaved": user programs share the timed rounds with the plans; "apart": the plans'
