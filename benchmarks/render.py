@@ -12,7 +12,8 @@ fixed rules, so the output is deterministic and a figure cannot drift from its d
 Renderers: one-gpu-bench[:DIR], green-probe[:FILE], bench:DIR_OR_FILE, iteration-error[:DIR],
 scaling-sim[:DIR], variants:DIR, targets-1gpu, profile-recipe[:DB],
 step-fit:FILE,FILE[,...], kernel-time:FILE[,...], train-in-flight:DIR,
-guard-host-cost:FILE, autotune-choices:FILE, gate-misses[:DIR].
+guard-host-cost:FILE, autotune-choices:FILE, gate-misses[:DIR],
+checkpoint-background:DIR.
 """
 
 from __future__ import annotations
@@ -658,6 +659,28 @@ def autotune_choices(results: Path, arg: str | None) -> str:
                    "ATen / fastest", "tuning, s"], rows)
             + f"\n\n{len(tuned)} operators tuned in {sum(t['tuning_s'] for t in tuned):.0f} s; "
             f"a generated kernel beat ATen by 5% or more on {faster}.")
+
+
+# --- checkpoint saves written before the next step or in the background ------------------------
+
+@renderer("checkpoint-background")
+def checkpoint_background(results: Path, arg: str | None) -> str:
+    """benchmarks/checkpoint_background.py's JSON files under results/ARG: per model, how long
+    a save held training up each way, and when it was published (medians)."""
+    if not arg:
+        raise RenderError("checkpoint-background needs a directory under results/")
+    rows = []
+    for path in sorted((results / arg).glob("*.json")):
+        r = load(path)
+        sync, background = r["median"]["before the next step"], r["median"]["background"]
+        rows.append([path.name, r["model"], r["preset"], r["device"],
+                     f"{r['parameters'] / 1e6:.0f} M", f"{r['checkpoint_bytes'] / 2**30:.2f}",
+                     str(r["rounds"]), f"{sync['held_s']:.2f}", f"{background['held_s']:.2f}",
+                     f"{background['published_s']:.2f}",
+                     f"{sync['held_s'] / background['held_s']:.1f}x"])
+    return table(["file", "model", "preset", "device", "parameters", "checkpoint, GiB", "rounds",
+                  "held, written before the next step, s", "held, background, s",
+                  "background: published after, s", "less holding"], rows)
 
 
 # --- attention with and without mask tensors (benchmarks/attention_mask_ab.py) -----------------

@@ -426,6 +426,7 @@ def train(
     accumulation: Annotated[int, typer.Option(help="gradient-accumulation micro-steps per step")] = 1,
     checkpoint_dir: Annotated[Path | None, typer.Option(help="directory for atomic checkpoints (torch.distributed.checkpoint)")] = None,
     checkpoint_every: Annotated[int, typer.Option(help="checkpoint every K steps (and at the end); 0: only at the end")] = 0,
+    checkpoint_background: Annotated[bool, typer.Option(help="write checkpoints in a background thread: a step waits only for the copy to host memory; a checkpoint counts once every rank wrote it")] = False,
     resume: Annotated[str | None, typer.Option(
         help="continue from the latest checkpoint in --checkpoint-dir; `--resume auto`: only "
              "when one exists (for torchrun --max-restarts)", metavar="[auto]",
@@ -489,7 +490,8 @@ def train(
         plan_obj = None if plan_file is not None else _training_plan(
             model, str(preset), batch, gpus or d.world_size, hardware, planner,
             str(perf_model), profile_db, autotune, engine, d)
-        ckpt = (CheckpointConfig(directory=str(checkpoint_dir), every_steps=checkpoint_every)
+        ckpt = (CheckpointConfig(directory=str(checkpoint_dir), every_steps=checkpoint_every,
+                                 background=checkpoint_background)
                 if checkpoint_dir else None)
         result = train_from_cli(model, preset, str(plan_file) if plan_file else None, gpus, steps,
                                 str(metrics) if metrics else None, plan=plan_obj, engine=engine,

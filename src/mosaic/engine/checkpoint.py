@@ -37,15 +37,18 @@ A failure on one rank is raised on every rank rather than leaving the others wai
 from __future__ import annotations
 
 import contextlib
+import inspect
 import json
 import os
 import pickle
 import re
 import secrets
 import shutil
+import threading
 import warnings
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from concurrent.futures import Future
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -91,6 +94,10 @@ class CheckpointConfig:
     """Save after every this many optimizer steps; 0: never on a schedule."""
     keep_last: int | None = 3
     """Complete checkpoints kept (the newest by step); None keeps all."""
+    background: bool = False
+    """Write the tensors in a background thread (`begin_checkpoint`): the step waits only for
+    their copy into host memory; the checkpoint counts once published, after every rank wrote.
+    At most one in flight: the next save, and the end of training, wait for it."""
 
     def __post_init__(self) -> None:
         if self.every_steps < 0:
@@ -135,6 +142,19 @@ def save_checkpoint(directory: str | os.PathLike, step: int, modules: Mapping[st
                     keep_last: int | None = 3) -> Path:
     """Save this rank's modules and optimizer as checkpoint `step` of `directory` and make it
     `latest`; collective. `extra` (rank 0's) must be JSON. Returns the checkpoint folder."""
+    return begin_checkpoint(directory, step, modules, optimizer, plan=plan, extra=extra,
+                            keep_last=keep_last, background=False).wait()
+
+
+def begin_checkpoint(directory: str | os.PathLike, step: int, modules: Mapping[str, nn.Module],
+                     optimizer: torch.optim.Optimizer | None, *,
+                     plan: Plan | Mapping[str, Any] | None = None,
+                     extra: Mapping[str, Any] | None = None, keep_last: int | None = 3,
+                     background: bool = True) -> PendingCheckpoint:
+    """`save_checkpoint`, with the tensors written in a background thread when `background`:
+    returns once they are copied to host memory (training may then change them). Rank 0
+    publishes the checkpoint as soon as DCP reports every rank's files written; `wait()` on
+    every rank (collective) before the next checkpoint and at the end raises what failed."""
     if step < 0:
         raise CheckpointError(f"step={step} must be >= 0 (optimizer steps done)")
     if keep_last is not None and keep_last < 1:
@@ -154,14 +174,56 @@ def save_checkpoint(directory: str | os.PathLike, step: int, modules: Mapping[st
     except Exception as exc:  # the other ranks must hear of it, not wait in dcp.save
         failure = _as_checkpoint_error(exc, f"cannot write checkpoint files under {tmp}")
     _raise_if_any_failed(failure, f"saving {root / name}")
-    _dcp_save(tensors, tmp)
-    if rank == 0:
+    pending = PendingCheckpoint(root=root, tmp=tmp, name=name, record=record,
+                                keep_last=keep_last)
+    pending.start(_dcp_async_save(tensors, tmp) if background else _written(tensors, tmp))
+    return pending
+
+
+@dataclass(kw_only=True, slots=True)
+class PendingCheckpoint:
+    """A checkpoint whose tensors are being written. Rank 0 publishes it (marker, rename,
+    `latest`, prune) from the writer's completion, so a checkpoint counts as soon as every
+    rank's files are written, whichever step training is at; until then `latest` names the
+    previous one, and a crash loses only this save."""
+
+    root: Path
+    tmp: Path
+    name: str
+    record: dict[str, Any] | None
+    keep_last: int | None
+    _written: Future | None = None
+    _published: threading.Event = field(default_factory=threading.Event)
+    _publish_error: Exception | None = None
+
+    def start(self, written: Future) -> None:
+        self._written = written
+        written.add_done_callback(self._publish)
+
+    def _publish(self, written: Future) -> None:
         try:
-            _publish(root, tmp, name, record, keep_last)
+            if self.record is not None and written.exception() is None:
+                _publish(self.root, self.tmp, self.name, self.record, self.keep_last)
         except Exception as exc:
-            failure = _as_checkpoint_error(exc, f"cannot publish checkpoint {tmp} as {root / name}")
-    _raise_if_any_failed(failure, f"publishing {root / name}")
-    return root / name
+            self._publish_error = _as_checkpoint_error(
+                exc, f"cannot publish checkpoint {self.tmp} as {self.root / self.name}")
+        finally:
+            self._published.set()
+
+    def wait(self) -> Path:
+        """Collective: wait until this rank's files are written and, on rank 0, the checkpoint
+        published; raise on every rank if any rank failed. The checkpoint folder."""
+        failure: Exception | None = None
+        try:
+            self._written.result()
+        except (CheckpointException, OSError) as exc:  # DCP raises on every rank if one failed
+            failure = CheckpointError(f"writing checkpoint tensors to {self.tmp} failed: {exc}")
+            failure.__cause__ = exc
+        except Exception as exc:
+            failure = exc
+        self._published.wait()
+        _raise_if_any_failed(failure or self._publish_error, f"saving {self.root / self.name}")
+        return self.root / self.name
 
 
 def load_checkpoint(path: str | os.PathLike, modules: Mapping[str, nn.Module],
@@ -414,6 +476,48 @@ def _dcp_save(tensors: dict[str, torch.Tensor], folder: Path) -> None:
             dcp.save(tensors, storage_writer=writer, no_dist=not _distributed())
     except (CheckpointException, OSError) as exc:  # DCP raises on every rank if one failed
         raise CheckpointError(f"writing checkpoint tensors to {folder} failed: {exc}") from exc
+
+
+def _written(tensors: dict[str, torch.Tensor], folder: Path) -> Future:
+    """`_dcp_save` now, as a completed future (the synchronous path of begin_checkpoint)."""
+    done: Future = Future()
+    try:
+        _dcp_save(tensors, folder)
+        done.set_result(None)
+    except Exception as exc:
+        done.set_exception(exc)
+    return done
+
+
+def _dcp_async_save(tensors: dict[str, torch.Tensor], folder: Path) -> Future:
+    """DCP's async_save: the writer stages (copies) the tensors into host memory before this
+    returns, then a thread writes them. Its collectives run on a process group of their own,
+    never the one training uses at the same time."""
+    writer = FileSystemWriter(folder, single_file_per_rank=True, sync_files=True)
+    kwargs: dict[str, Any] = {"storage_writer": writer}
+    if _distributed():
+        kwargs["process_group"] = _background_group()
+    else:
+        if "no_dist" in inspect.signature(dcp.async_save).parameters:
+            kwargs["no_dist"] = True
+        # The writing thread warns as _single_process_is_intended says, after its `with` has
+        # put the filters back.
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+    with _single_process_is_intended():
+        response = dcp.async_save(tensors, **kwargs)
+    return getattr(response, "upload_completion", response)  # torch >= 2.9 may wrap it
+
+
+_BACKGROUND_GROUP: list[tuple[Any, Any]] = []
+"""(the world it belongs to, a gloo group for background saves): made collectively at a
+world's first background save, again when the world is a new one."""
+
+
+def _background_group() -> Any:
+    world = dist.group.WORLD
+    if not _BACKGROUND_GROUP or _BACKGROUND_GROUP[0][0] is not world:
+        _BACKGROUND_GROUP[:] = [(world, dist.new_group(backend="gloo"))]
+    return _BACKGROUND_GROUP[0][1]
 
 
 def _dcp_load(tensors: dict[str, torch.Tensor], folder: Path) -> None:

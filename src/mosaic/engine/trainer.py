@@ -31,9 +31,10 @@ from mosaic.data import with_dataset
 from mosaic.engine import checkpoint as _checkpoint
 from mosaic.engine.checkpoint import (
     CheckpointConfig,
+    PendingCheckpoint,
+    begin_checkpoint,
     latest_checkpoint,
     load_newest_loadable,
-    save_checkpoint,
 )
 from mosaic.engine.comm import CommError, check_world_size, share_from_rank0
 from mosaic.engine.compile import compile_modules
@@ -325,17 +326,35 @@ def _has_checkpoint(directory: str, d: Dist) -> bool:
     return bool(found["found"])
 
 
-def _save_if_due(config: TrainConfig, session: RankSession,
-                 optimizer: torch.optim.Optimizer | None, steps_done: int, d: Dist,
-                 fault: Fault | None = None) -> bool:
-    """Whether a checkpoint was written."""
-    ckpt = config.checkpoint
-    if ckpt is None or not (ckpt.due(steps_done) or steps_done == config.steps):
-        return False
-    with _fault_in_checkpoint(fault, d.rank, steps_done):
-        save_checkpoint(ckpt.directory, steps_done, session.modules, optimizer,
-                        plan=session.plan, keep_last=ckpt.keep_last)
-    return True
+class _Saves:
+    """The run's scheduled checkpoints: written before the next step, or in the background
+    (CheckpointConfig.background) with at most one in flight: the next save and the end of
+    the run wait for it (collective)."""
+
+    def __init__(self, config: TrainConfig, session: RankSession,
+                 optimizer: torch.optim.Optimizer | None, d: Dist, fault: Fault | None) -> None:
+        self.config, self.session, self.optimizer, self.d, self.fault = (
+            config, session, optimizer, d, fault)
+        self.pending: PendingCheckpoint | None = None
+
+    def if_due(self, steps_done: int) -> bool:
+        """Save after `steps_done` steps when the schedule says so; whether it did."""
+        ckpt = self.config.checkpoint
+        if ckpt is None or not (ckpt.due(steps_done) or steps_done == self.config.steps):
+            return False
+        self.wait()
+        with _fault_in_checkpoint(self.fault, self.d.rank, steps_done):
+            self.pending = begin_checkpoint(ckpt.directory, steps_done, self.session.modules,
+                                            self.optimizer, plan=self.session.plan,
+                                            keep_last=ckpt.keep_last, background=ckpt.background)
+        if not ckpt.background:
+            self.wait()
+        return True
+
+    def wait(self) -> None:
+        pending, self.pending = self.pending, None
+        if pending is not None:
+            pending.wait()
 
 
 @contextlib.contextmanager
@@ -444,17 +463,19 @@ def _loop(config: TrainConfig, model: TrainableModel, graph: MMGraph, session: R
                 bar.update(task, advance=1, loss=row["loss"], ms=1e3 * row["step_time_s"])
 
             pipeline = _StepPipeline(config, graph, session, optimizer, d, fault, record)
+            saves = _Saves(config, session, optimizer, d, fault)
             for step in range(first, config.steps):
                 if fault is not None and fault.due(d.rank, step):
                     fault.fire()
                 _mark_progress(d, step)
                 with _named_failures(config, session, d, step):
                     pipeline.launch(step, rows.get(step))
-                    output = _between_steps(config, session, optimizer, d, fault, pipeline,
-                                            rows, step, first)
+                    output = _between_steps(config, session, pipeline, rows, saves, step,
+                                            first)
                     if config.engine.timeline and step == config.steps - 1:
                         timeline = _gather_timeline(session.runner.timeline(output), d)
                 tracer.step()
+            saves.wait()  # the last save, if written in the background
     finally:
         if metrics is not None:
             metrics.close()
@@ -471,9 +492,8 @@ def _row_prefetcher(model: TrainableModel, config: TrainConfig, graph: MMGraph,
                          pin=session.runner.device.type == "cuda")
 
 
-def _between_steps(config: TrainConfig, session: RankSession,
-                   optimizer: torch.optim.Optimizer | None, d: Dist, fault: Fault | None,
-                   pipeline: _StepPipeline, rows: RowPrefetcher, step: int,
+def _between_steps(config: TrainConfig, session: RankSession, pipeline: _StepPipeline,
+                   rows: RowPrefetcher, saves: _Saves, step: int,
                    first: int) -> StepOutput | None:
     """What runs after launching `step`: reading it where it must be done (before the graph
     capture after the first step, a checkpoint, the end; or always, `read_each_step`), the
@@ -485,7 +505,7 @@ def _between_steps(config: TrainConfig, session: RankSession,
         rows.settle()  # pinning allocates host memory: not during a capture
         session.capture_graphs()  # no-op unless graphs are on
         pipeline.pause()
-    if _save_if_due(config, session, optimizer, step + 1, d, fault):
+    if saves.if_due(step + 1):
         pipeline.pause()
     return output
 
