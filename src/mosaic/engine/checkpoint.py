@@ -198,9 +198,9 @@ class PendingCheckpoint:
 
     def start(self, written: Future) -> None:
         self._written = written
-        written.add_done_callback(self._publish)
+        written.add_done_callback(self._publish_if_written)
 
-    def _publish(self, written: Future) -> None:
+    def _publish_if_written(self, written: Future) -> None:
         try:
             if self.record is not None and written.exception() is None:
                 _publish(self.root, self.tmp, self.name, self.record, self.keep_last)
