@@ -135,6 +135,23 @@ def test_a_kill_inside_a_checkpoint_save_keeps_the_previous_one(tmp_path, plan_f
 
 
 @pytest.mark.slow
+def test_a_killed_rank_with_background_checkpoints_restarts_from_a_published_one(
+        tmp_path, plan_file, reference):
+    """Checkpoints written in the background; rank 1 SIGKILLs itself as step 7 starts, while
+    checkpoint 6 may still be written (begun after step 5; checkpoint 3 was published before
+    it began: at most one in flight). The restart resumes from whichever was published, 6 or
+    3, never from a half-written one, and ends on the uninterrupted run's exact weights."""
+    result = torchrun(tmp_path, *train_args(tmp_path, plan_file, "--resume", "auto",
+                                            "--checkpoint-background"),
+                      fault="kill:rank=1:step=7", restarts=1)
+    assert result.returncode == 0, tail(result)
+    assert "exitcode: -9" in result.stderr and "local_rank: 1" in result.stderr
+    resumed = [line for line in result.stderr.splitlines() if "resuming at step" in line]
+    assert resumed and any(f"resuming at step {s} of 8" in resumed[0] for s in (3, 6)), tail(result)
+    assert_same_run(tmp_path, reference)
+
+
+@pytest.mark.slow
 def test_a_hung_rank_ends_the_run_within_the_timeout(tmp_path, plan_file):
     """Rank 1 sleeps forever as step 3 starts; rank 0's collective gives up after
     --timeout-s 10 and names rank 1; torchrun then ends rank 1: the run fails in bounded time.
