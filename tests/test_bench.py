@@ -87,7 +87,8 @@ def test_plans_measured_in_groups_are_each_set_up_from_the_same_weights_and_rele
     assert checks["plan_groups"] == [["megatron"], ["mosaic"]]
     assert [g["reference"] for g in checks["gradient_groups"]] == ["torch-eager"] * 2
     assert checks["peak_memory_bytes"] == [None, None]  # CPU: no GPU memory to count
-    assert all(m.graph_memory_bytes is None for m in measurements)
+    assert all(m.graph_memory_bytes is None and m.graph_reserved_bytes is None
+               for m in measurements)
     assert all(m.step_times_s and m.grad_error for m in measurements)
     assert any(p["phase"].startswith("group 2 of 2 (mosaic)") for p in checks["phases"])
     with pytest.raises(BenchError, match="plans_at_once"):

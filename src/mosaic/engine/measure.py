@@ -149,6 +149,10 @@ class PlanMeasurement:
     graph_memory_bytes: int | None = None
     """GPU memory its CUDA-graph capture kept (this rank; None on CPU or eager): the graphs'
     pools hold activations, weight casts and, graphed on one GPU, its own gradients."""
+    graph_reserved_bytes: int | None = None
+    """What the capture added to the allocator's reserved memory (the graphs' private pools,
+    activations included though they are freed after each replay): what plans measured side
+    by side must fit together."""
 
     @property
     def median_s(self) -> float:
@@ -165,6 +169,7 @@ class PlanMeasurement:
             "max_grad_error": max(self.grad_error.values(), default=None),
             "same_plan_as": self.same_plan_as, "engine_variant": self.engine_variant,
             "graph_memory_bytes": self.graph_memory_bytes,
+            "graph_reserved_bytes": self.graph_reserved_bytes,
             **self._launch_summary(),
         }
 
@@ -193,6 +198,7 @@ class _Contender:
     optimizer: torch.optim.Optimizer | None = None
     """The optimizer of its own modules (else the shared one steps)."""
     graph_memory_bytes: int | None = None
+    graph_reserved_bytes: int | None = None
 
 
 @dataclass(slots=True)
@@ -687,7 +693,8 @@ def _measure_group(model, preset: str, graph: MMGraph, plans: dict[str, Plan], g
                 timeline=_timeline(s, c), gpu_util=_nvml_util(s, c, config.nvml_seconds),
                 grad_error=errors.get(label, {}), startup_s=c.startup_s,
                 engine_variant=variants.get(label) or None,
-                graph_memory_bytes=c.graph_memory_bytes))
+                graph_memory_bytes=c.graph_memory_bytes,
+                graph_reserved_bytes=c.graph_reserved_bytes))
         progress.say(s, "one traced step and GPU utilisation per plan recorded")
         return results, checks, reference
     except torch.OutOfMemoryError as exc:
@@ -700,11 +707,12 @@ def _measure_group(model, preset: str, graph: MMGraph, plans: dict[str, Plan], g
 def _capture(s: _Setup, progress: _Progress) -> None:
     """Every plan's CUDA graphs, timed (start-up) and weighed (memory the capture kept)."""
     for label, c in s.contenders.items():
-        start, held = time.perf_counter(), _allocated(s)
+        start, held, reserved = time.perf_counter(), _allocated(s), _reserved(s)
         c.session.capture_graphs()
         c.startup_s += time.perf_counter() - start
         if held is not None and c.session.runner.graphed:
             c.graph_memory_bytes = _allocated(s) - held
+            c.graph_reserved_bytes = _reserved(s) - reserved
         progress.say(s, f"{label}: " + ("CUDA graphs captured" if c.session.runner.graphed
                                          else "ready (eager: no CUDA graphs)"))
 
@@ -728,6 +736,15 @@ def _allocated(s: _Setup) -> int | None:
         return None
     torch.cuda.synchronize(s.device)
     return torch.cuda.memory_allocated(s.device)
+
+
+def _reserved(s: _Setup) -> int | None:
+    """Bytes the caching allocator holds from the GPU on this rank (None on CPU): a captured
+    graph's private pool stays reserved though its activations are freed between replays."""
+    if s.device.type != "cuda":
+        return None
+    torch.cuda.synchronize(s.device)
+    return torch.cuda.memory_reserved(s.device)
 
 
 def _peak_and_reset(s: _Setup) -> int | None:
