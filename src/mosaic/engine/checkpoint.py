@@ -49,6 +49,7 @@ import warnings
 from collections.abc import Iterator, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -150,11 +151,14 @@ def begin_checkpoint(directory: str | os.PathLike, step: int, modules: Mapping[s
                      optimizer: torch.optim.Optimizer | None, *,
                      plan: Plan | Mapping[str, Any] | None = None,
                      extra: Mapping[str, Any] | None = None, keep_last: int | None = 3,
-                     background: bool = True) -> PendingCheckpoint:
+                     background: bool = True, timeout_s: float | None = None
+                     ) -> PendingCheckpoint:
     """`save_checkpoint`, with the tensors written in a background thread when `background`:
     returns once they are copied to host memory (training may then change them). Rank 0
     publishes the checkpoint as soon as DCP reports every rank's files written; `wait()` on
-    every rank (collective) before the next checkpoint and at the end raises what failed."""
+    every rank (collective) before the next checkpoint and at the end raises what failed.
+    `timeout_s` bounds the background write's collectives (a dead rank), as --timeout-s does
+    training's (None: torch's default)."""
     if step < 0:
         raise CheckpointError(f"step={step} must be >= 0 (optimizer steps done)")
     if keep_last is not None and keep_last < 1:
@@ -176,7 +180,8 @@ def begin_checkpoint(directory: str | os.PathLike, step: int, modules: Mapping[s
     _raise_if_any_failed(failure, f"saving {root / name}")
     pending = PendingCheckpoint(root=root, tmp=tmp, name=name, record=record,
                                 keep_last=keep_last)
-    pending.start(_dcp_async_save(tensors, tmp) if background else _written(tensors, tmp))
+    pending.start(_dcp_async_save(tensors, tmp, timeout_s) if background
+                  else _written(tensors, tmp))
     return pending
 
 
@@ -489,14 +494,15 @@ def _written(tensors: dict[str, torch.Tensor], folder: Path) -> Future:
     return done
 
 
-def _dcp_async_save(tensors: dict[str, torch.Tensor], folder: Path) -> Future:
+def _dcp_async_save(tensors: dict[str, torch.Tensor], folder: Path,
+                    timeout_s: float | None = None) -> Future:
     """DCP's async_save: the writer stages (copies) the tensors into host memory before this
     returns, then a thread writes them. Its collectives run on a process group of their own,
     never the one training uses at the same time."""
     writer = FileSystemWriter(folder, single_file_per_rank=True, sync_files=True)
     kwargs: dict[str, Any] = {"storage_writer": writer}
     if _distributed():
-        kwargs["process_group"] = _background_group()
+        kwargs["process_group"] = _background_group(timeout_s)
     else:
         if "no_dist" in inspect.signature(dcp.async_save).parameters:
             kwargs["no_dist"] = True
@@ -513,10 +519,11 @@ _BACKGROUND_GROUP: list[tuple[Any, Any]] = []
 world's first background save, again when the world is a new one."""
 
 
-def _background_group() -> Any:
+def _background_group(timeout_s: float | None) -> Any:
     world = dist.group.WORLD
     if not _BACKGROUND_GROUP or _BACKGROUND_GROUP[0][0] is not world:
-        _BACKGROUND_GROUP[:] = [(world, dist.new_group(backend="gloo"))]
+        timeout = {"timeout": timedelta(seconds=timeout_s)} if timeout_s is not None else {}
+        _BACKGROUND_GROUP[:] = [(world, dist.new_group(backend="gloo", **timeout))]
     return _BACKGROUND_GROUP[0][1]
 
 

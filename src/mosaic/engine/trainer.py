@@ -346,7 +346,8 @@ class _Saves:
         with _fault_in_checkpoint(self.fault, self.d.rank, steps_done):
             self.pending = begin_checkpoint(ckpt.directory, steps_done, self.session.modules,
                                             self.optimizer, plan=self.session.plan,
-                                            keep_last=ckpt.keep_last, background=ckpt.background)
+                                            keep_last=ckpt.keep_last, background=ckpt.background,
+                                            timeout_s=self.config.timeout_s)
         if not ckpt.background:
             self.wait()
         return True
