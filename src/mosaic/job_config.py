@@ -48,6 +48,7 @@ FIELDS: dict[str, tuple[str, type]] = {
     "engine.grads_in_graph": ("grads_in_graph", bool), "engine.accumulation": ("accumulation", int),
     "checkpoint.dir": ("checkpoint_dir", Path), "checkpoint.every": ("checkpoint_every", int),
     "checkpoint.resume": ("resume", ResumeMode),
+    "checkpoint.background": ("checkpoint_background", bool),
     "run.out": ("out", Path), "run.overwrite": ("overwrite", bool), "run.metrics": ("metrics", Path),
     "run.tensorboard": ("tensorboard", Path), "run.torch_trace": ("torch_trace", Path),
 }
