@@ -677,10 +677,12 @@ def checkpoint_background(results: Path, arg: str | None) -> str:
                      f"{r['parameters'] / 1e6:.0f} M", f"{r['checkpoint_bytes'] / 2**30:.2f}",
                      str(r["rounds"]), f"{sync['held_s']:.2f}", f"{background['held_s']:.2f}",
                      f"{background['published_s']:.2f}",
-                     f"{sync['held_s'] / background['held_s']:.1f}x"])
+                     f"{background['step_during_write_s']:.2f} / "
+                     f"{background['step_alone_s']:.2f} (batch {r['train_batch']})"])
     return table(["file", "model", "preset", "device", "parameters", "checkpoint, GiB", "rounds",
                   "held, written before the next step, s", "held, background, s",
-                  "background: published after, s", "less holding"], rows)
+                  "background: published after, s",
+                  "a training step while it is written / alone, s"], rows)
 
 
 # --- attention with and without mask tensors (benchmarks/attention_mask_ab.py) -----------------
