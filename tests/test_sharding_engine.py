@@ -155,7 +155,8 @@ def full_state(modules: dict[str, nn.Module]) -> dict[str, torch.Tensor]:
 def _train(case: dict, out: Path, rank: int, device: str) -> None:
     """Train one case; save this rank's whole weights and the loss curve (or its error)."""
     model = make_model(case["model"])
-    checkpoint = (CheckpointConfig(directory=case["checkpoint"], every_steps=case["steps"])
+    checkpoint = (CheckpointConfig(directory=case["checkpoint"], every_steps=case["steps"],
+                                   background=case.get("background", False))
                   if "checkpoint" in case else None)
     engine = EngineConfig(amp=case.get("amp", False), graphs=case.get("graphs", False),
                           compile=case.get("compile"), accumulation=case.get("accumulation", 1),
@@ -287,6 +288,23 @@ def test_sharded_checkpoints_resume_under_sharded_and_unsharded_plans(tmp_path):
         torch.testing.assert_close(losses[0], straight_losses[0][2:], **TIGHT)
         for rank in range(2):
             assert_same(states[rank], straight[rank])
+
+
+def test_sharded_states_saved_in_the_background_resume_exactly(tmp_path):
+    """FSDP2's DTensor shards staged to host memory and written by the background thread
+    over its own gloo group: the resumed run continues the straight run's curve."""
+    _, plan = SHARDED_CASES["deep-all"]
+    base = {"model": "toydeep", "optimizer": "adamw", "plan": plan}
+    ckpt = str(tmp_path / "ckpt")
+    run_cases({"straight": {**base, "steps": 4},
+               "first-half": {**base, "steps": 2, "checkpoint": ckpt, "background": True},
+               "resumed": {**base, "steps": 4, "checkpoint": ckpt, "resume": True,
+                           "background": True}}, tmp_path)
+    straight, straight_losses = load_run(tmp_path, "straight")
+    states, losses = load_run(tmp_path, "resumed")
+    torch.testing.assert_close(losses[0], straight_losses[0][2:], **TIGHT)
+    for rank in range(2):
+        assert_same(states[rank], straight[rank])
 
 
 def test_a_nan_step_is_skipped_on_every_rank_over_sharded_adamw_states(tmp_path):
