@@ -480,12 +480,30 @@ def _unmeasured(model: str, preset: str, batch: int) -> str:
 
 # --- (d) the whole-iteration accuracy gate ----------------------------------------------------
 
+ERROR_HEADER = ["file", "model", "preset", "GPUs", "batch", "planner", "predicted, ms",
+                "measured, ms", "error"]
+
+
+def _error_row(r: dict[str, Any]) -> list[str]:
+    error = ("not predicted" if r["error"] is None
+             else f"{pct(r['error'])} (superseded)" if r["superseded"] else pct(r["error"]))
+    return [r["file"], r["model"], r["preset"], str(r["gpus"]), str(r["global_batch"]),
+            r["planner"], ms(r["predicted_s"]), ms(r["measured_s"]), error]
+
+
+def _verdict_line(result: dict[str, Any]) -> str:
+    from mosaic.perf.accuracy import gate_summary
+
+    verdict, rest = gate_summary(result).split(": ", 1)
+    return f"**{verdict}**: {rest.replace('<=', '≤')}"
+
+
 def iteration_error_table(dir_or_files: str | Path | Iterable[str | Path],
                           results: Path = RESULTS) -> str:
     """Every predicted plan row's error, predicted by today's shipped model on the plan each
     result measured, then the gate's verdict in bold. A str argument may list several paths,
     comma-separated."""
-    from mosaic.perf.accuracy import gate_summary, iteration_error
+    from mosaic.perf.accuracy import iteration_error
     from mosaic.perf.repredict import Repredictor
 
     if isinstance(dir_or_files, str):
@@ -494,15 +512,8 @@ def iteration_error_table(dir_or_files: str | Path | Iterable[str | Path],
     result = iteration_error([results / p for p in paths], repredict=Repredictor())
     for row in result["rows"]:  # files given one by one are named by their full path
         row["file"] = row["file"].removeprefix(f"{results}/")
-    rows = [[r["file"], r["model"], r["preset"], str(r["gpus"]), str(r["global_batch"]),
-             r["planner"], ms(r["predicted_s"]), ms(r["measured_s"]),
-             "not predicted" if r["error"] is None
-             else f"{pct(r['error'])} (superseded)" if r["superseded"] else pct(r["error"])]
-            for r in result["rows"]]
-    verdict, rest = gate_summary(result).split(": ", 1)
-    return (table(["file", "model", "preset", "GPUs", "batch", "planner", "predicted, ms",
-                   "measured, ms", "error"], rows)
-            + f"\n\n**{verdict}**: {rest.replace('<=', '≤')}")
+    rows = [_error_row(r) for r in result["rows"]]
+    return table(ERROR_HEADER, rows) + "\n\n" + _verdict_line(result)
 
 
 @renderer("iteration-error")
@@ -514,19 +525,14 @@ def iteration_error_block(results: Path, arg: str | None) -> str:
 def gate_misses(results: Path, arg: str | None) -> str:
     """The gate over every result under results/ARG (default: all), by today's model: its
     verdict, then only the plan rows outside the 10% target, per result file."""
-    from mosaic.perf.accuracy import gate_summary, iteration_error
+    from mosaic.perf.accuracy import iteration_error
     from mosaic.perf.repredict import Repredictor
 
     result = iteration_error(results / (arg or "."), repredict=Repredictor())
     limit = result["targets"]["max_abs_error"]
-    rows = [[r["file"], r["model"], r["preset"], str(r["gpus"]), str(r["global_batch"]),
-             r["planner"], ms(r["predicted_s"]), ms(r["measured_s"]), pct(r["error"])]
-            for r in result["rows"] if r["error"] is not None and not r["superseded"]
-            and abs(r["error"]) > limit]
-    verdict, rest = gate_summary(result).split(": ", 1)
-    return (f"**{verdict}**: {rest.replace('<=', '≤')}\n\n"
-            + table(["file", "model", "preset", "GPUs", "batch", "planner", "predicted, ms",
-                     "measured, ms", "error"], rows))
+    rows = [_error_row(r) for r in result["rows"]
+            if r["error"] is not None and not r["superseded"] and abs(r["error"]) > limit]
+    return _verdict_line(result) + "\n\n" + table(ERROR_HEADER, rows)
 
 
 # --- the batch-independent part of a step (what bounds MFU at a small batch) ---------------

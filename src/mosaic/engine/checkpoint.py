@@ -222,7 +222,7 @@ class PendingCheckpoint:
         try:
             self._written.result()
         except (CheckpointException, OSError) as exc:  # DCP raises on every rank if one failed
-            failure = CheckpointError(f"writing checkpoint tensors to {self.tmp} failed: {exc}")
+            failure = _write_failed(self.tmp, exc)
             failure.__cause__ = exc
         except Exception as exc:
             failure = exc
@@ -475,12 +475,19 @@ def _set_rng_state(state: Mapping[str, list[int]]) -> None:
 
 # --- DCP -------------------------------------------------------------------------------------
 def _dcp_save(tensors: dict[str, torch.Tensor], folder: Path) -> None:
-    writer = FileSystemWriter(folder, single_file_per_rank=True, sync_files=True)
     try:
         with _single_process_is_intended():
-            dcp.save(tensors, storage_writer=writer, no_dist=not _distributed())
+            dcp.save(tensors, storage_writer=_writer(folder), no_dist=not _distributed())
     except (CheckpointException, OSError) as exc:  # DCP raises on every rank if one failed
-        raise CheckpointError(f"writing checkpoint tensors to {folder} failed: {exc}") from exc
+        raise _write_failed(folder, exc) from exc
+
+
+def _writer(folder: Path) -> FileSystemWriter:
+    return FileSystemWriter(folder, single_file_per_rank=True, sync_files=True)
+
+
+def _write_failed(folder: Path, exc: Exception) -> CheckpointError:
+    return CheckpointError(f"writing checkpoint tensors to {folder} failed: {exc}")
 
 
 def _written(tensors: dict[str, torch.Tensor], folder: Path) -> Future:
@@ -499,8 +506,7 @@ def _dcp_async_save(tensors: dict[str, torch.Tensor], folder: Path,
     """DCP's async_save: the writer stages (copies) the tensors into host memory before this
     returns, then a thread writes them. Its collectives run on a process group of their own,
     never the one training uses at the same time."""
-    writer = FileSystemWriter(folder, single_file_per_rank=True, sync_files=True)
-    kwargs: dict[str, Any] = {"storage_writer": writer}
+    kwargs: dict[str, Any] = {"storage_writer": _writer(folder)}
     if _distributed():
         kwargs["process_group"] = _background_group(timeout_s)
     else:

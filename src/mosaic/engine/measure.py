@@ -707,12 +707,13 @@ def _measure_group(model, preset: str, graph: MMGraph, plans: dict[str, Plan], g
 def _capture(s: _Setup, progress: _Progress) -> None:
     """Every plan's CUDA graphs, timed (start-up) and weighed (memory the capture kept)."""
     for label, c in s.contenders.items():
-        start, held, reserved = time.perf_counter(), _allocated(s), _reserved(s)
+        start, before = time.perf_counter(), _memory(s)
         c.session.capture_graphs()
         c.startup_s += time.perf_counter() - start
-        if held is not None and c.session.runner.graphed:
-            c.graph_memory_bytes = _allocated(s) - held
-            c.graph_reserved_bytes = _reserved(s) - reserved
+        if before is not None and c.session.runner.graphed:
+            after = _memory(s)
+            c.graph_memory_bytes = after[0] - before[0]
+            c.graph_reserved_bytes = after[1] - before[1]
         progress.say(s, f"{label}: " + ("CUDA graphs captured" if c.session.runner.graphed
                                          else "ready (eager: no CUDA graphs)"))
 
@@ -730,21 +731,14 @@ def _checked_gradients(s: _Setup, names: list[str], reference: _Reference | None
     return errors, checks
 
 
-def _allocated(s: _Setup) -> int | None:
-    """Bytes the caching allocator hands out on this rank's GPU (None on CPU)."""
+def _memory(s: _Setup) -> tuple[int, int] | None:
+    """(bytes the caching allocator hands out, bytes it holds from the GPU) on this rank's GPU;
+    None on CPU. A captured graph's private pool stays reserved though its activations are
+    freed between replays, so only the second counts them."""
     if s.device.type != "cuda":
         return None
     torch.cuda.synchronize(s.device)
-    return torch.cuda.memory_allocated(s.device)
-
-
-def _reserved(s: _Setup) -> int | None:
-    """Bytes the caching allocator holds from the GPU on this rank (None on CPU): a captured
-    graph's private pool stays reserved though its activations are freed between replays."""
-    if s.device.type != "cuda":
-        return None
-    torch.cuda.synchronize(s.device)
-    return torch.cuda.memory_reserved(s.device)
+    return torch.cuda.memory_allocated(s.device), torch.cuda.memory_reserved(s.device)
 
 
 def _peak_and_reset(s: _Setup) -> int | None:
