@@ -386,4 +386,5 @@ def test_the_user_program_with_tuned_kernels_is_asked_for_not_run_by_default():
 
     assert BenchConfig().user_programs == ("torch-eager", "torch-compile")
     assert USER_PROGRAMS["torch-compile-max-autotune"] == "max-autotune"
-    BenchConfig(user_programs=("torch-compile-max-autotune",))  # accepted
+    assert USER_PROGRAMS["torch-compile-max-autotune-gemm"] == "reduce-overhead-max-autotune-gemm"
+    BenchConfig(user_programs=("torch-compile-max-autotune", "torch-compile-max-autotune-gemm"))

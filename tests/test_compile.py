@@ -59,6 +59,21 @@ def test_the_engine_refuses_inductors_own_cuda_graphs():
         compile_modules({"m": torch.nn.Linear(2, 2)}, "reduce-overhead", CompileReport())
 
 
+def test_gemm_tuning_passes_inductors_gemm_option_alone(monkeypatch):
+    """max-autotune-gemm is Inductor's GEMM tuning without max-autotune's coordinate-descent
+    tuning of every other kernel; the user program's twin keeps reduce-overhead's graphs."""
+    from mosaic.engine.user_program import plain_compile
+
+    seen = []
+    monkeypatch.setattr(torch, "compile", lambda module, **kwargs: seen.append(kwargs) or module)
+    compile_modules({"m": torch.nn.Linear(2, 2)}, "max-autotune-gemm", CompileReport())
+    plain_compile("m", torch.nn.Linear(2, 2), "reduce-overhead-max-autotune-gemm")
+    plain_compile("m", torch.nn.Linear(2, 2), "reduce-overhead")
+    assert seen[0]["options"] == {"max_autotune_gemm": True}
+    assert seen[1] == {"options": {"triton.cudagraphs": True, "max_autotune_gemm": True}}
+    assert seen[2] == {"mode": "reduce-overhead"}
+
+
 def test_the_backward_is_compiled_without_retaining_a_graph(monkeypatch):
     """AOTAutograd refuses retain_graph once a compiled backward donates buffers (OFASys
     `paper` vision on the H200): the first call compiles the backward on a throwaway forward,

@@ -417,7 +417,7 @@ def train(
     perf_model: Annotated[PerfModelName, typer.Option("--perf-model", help="auto: profiled where a "
                                                       "profile is shipped")] = PerfModelName.auto,
     profile_db: ProfileDbOption = None,
-    compile_mode: Annotated[str | None, typer.Option("--compile", help="Inductor per module: default | max-autotune-no-cudagraphs (GPU)")] = None,
+    compile_mode: Annotated[str | None, typer.Option("--compile", help="Inductor per module: default | max-autotune-gemm | max-autotune-no-cudagraphs (GPU)")] = None,
     compile_scope: CompileScopeOption = "module",
     grad_sync: Annotated[str, typer.Option(help="flat | ddp | bucketed: one flat gradient buffer per module and one all-reduce (fastest measured), DDP per module, or the old bucketed all-reduce")] = "flat",
     reduce_dtype: Annotated[str, typer.Option(help="gradient all-reduce precision: fp32 | bf16")] = "fp32",
@@ -636,14 +636,14 @@ def bench(
     steps_per_round: Annotated[int, typer.Option(help="timed steps per plan per round")] = 5,
     warmup: Annotated[int, typer.Option(help="untimed steps per plan first")] = 5,
     graphs: Annotated[bool, typer.Option(help="per-module CUDA graphs")] = True,
-    compile_mode: Annotated[str, typer.Option("--compile", help="Inductor per module before capture: auto (default on a GPU, none on CPU) | default | max-autotune-no-cudagraphs | none")] = "auto",
+    compile_mode: Annotated[str, typer.Option("--compile", help="Inductor per module before capture: auto (default on a GPU, none on CPU) | default | max-autotune-gemm (GEMMs tuned) | max-autotune-no-cudagraphs | none")] = "auto",
     compile_scope: CompileScopeOption = "module",
     grad_sync: Annotated[str, typer.Option(help="flat | ddp | bucketed: one flat gradient buffer per module and one all-reduce (fastest measured), DDP per module, or the old bucketed all-reduce")] = "flat",
     reduce_dtype: Annotated[str, typer.Option(help="gradient all-reduce precision: fp32 | bf16")] = "fp32",
     grads_in_graph: Annotated[bool, typer.Option(help="with graphs: each backward graph adds its "
                                                  "module's gradients itself (not under DDP)")] = True,
     accumulation: Annotated[int, typer.Option(help="gradient-accumulation micro-steps per step")] = 1,
-    user_programs: Annotated[str, typer.Option(help="the user's own programs to measure too: torch-eager,torch-compile[,torch-compile-max-autotune] (empty: none)")] = "torch-eager,torch-compile",
+    user_programs: Annotated[str, typer.Option(help="the user's own programs to measure too: torch-eager,torch-compile[,torch-compile-max-autotune[-gemm]] (empty: none)")] = "torch-eager,torch-compile",
     user_rounds: Annotated[str, typer.Option(help="interleaved: user programs share the plans' timed rounds; apart: their own rounds after the plans'")] = "interleaved",
     plans_at_once: Annotated[int | None, typer.Option(
         "--plans-at-once", min=1, help="measure the plans in groups of N, each set up from the "

@@ -72,10 +72,11 @@ COMPILED_NOISE_FLOOR = 0.03
 measured 0.027-0.029 on the H200 under bf16 autocast (CLIP and ImageBind small); a plan compared
 with the eager reference without it failed at 0.036 against a tolerance of 0.03."""
 USER_PROGRAMS = {"torch-eager": None, "torch-compile": "reduce-overhead",
-                 "torch-compile-max-autotune": "max-autotune"}
-"""The user's own program, by label: its torch.compile mode (None = eager). The last asks
-Inductor to tune its GEMM kernels (minutes of compiling): the fair comparison when the engine
-runs tuned kernels too (`--compile max-autotune-no-cudagraphs`)."""
+                 "torch-compile-max-autotune": "max-autotune",
+                 "torch-compile-max-autotune-gemm": "reduce-overhead-max-autotune-gemm"}
+"""The user's own program, by label: its torch.compile mode (None = eager). The last two ask
+Inductor to tune kernels (minutes of compiling): the fair comparisons when the engine runs
+tuned kernels too (`--compile max-autotune-no-cudagraphs` / `max-autotune-gemm`)."""
 DEFAULT_USER_PROGRAMS = ("torch-eager", "torch-compile")
 BASELINES = ("megatron", "distmm", "spindle")
 USER_ROUNDS = ("interleaved", "apart")

@@ -38,15 +38,19 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
+from mosaic.engine.compile import MOSAIC_MODES, mode_options
 from mosaic.errors import MosaicError
 from mosaic.graph import MMGraph
 
 CompileFn = Callable[[str, nn.Module, str], Callable[..., Any]]
 """(module name, module, mode) -> the callable that runs the module (a separate object)."""
 
-COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs",
+                 "reduce-overhead-max-autotune-gemm")
+"""torch's modes, and reduce-overhead with Inductor's GEMM tuning (engine/compile.py
+MOSAIC_MODES: torch has no name for it, so it is passed as options)."""
 
-_CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
+_CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune", "reduce-overhead-max-autotune-gemm")
 """Inductor modes with CUDA graphs (cudagraph trees): the first call compiles and warms up,
 the second records, so two steps hold compile work; one step in the other modes."""
 
@@ -56,8 +60,11 @@ class UserProgramError(MosaicError):
 
 
 def plain_compile(name: str, module: nn.Module, mode: str) -> Callable[..., Any]:
-    """`torch.compile(module, mode=mode)`: what a user writes (no per-module workarounds)."""
+    """`torch.compile(module, mode=mode)`: what a user writes (no per-module workarounds);
+    a mode torch has no name for is written as its options."""
     del name  # the engine's compile_fn uses it for workarounds and its report
+    if mode in MOSAIC_MODES:
+        return torch.compile(module, options=mode_options(mode))
     return torch.compile(module, mode=mode)
 
 

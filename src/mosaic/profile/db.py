@@ -45,8 +45,9 @@ from mosaic.graph import ModuleSpec
 SCHEMA_VERSION = 2
 READABLE_VERSIONS = ("1", "2")
 """Version 1 lacks modules.kernels (every module eager); opening it for writing migrates it."""
-KERNELS = ("eager", "compile-default", "compile-max-autotune-no-cudagraphs",
-           "compile-default-blocks", "compile-max-autotune-no-cudagraphs-blocks")
+KERNELS = ("eager", "compile-default", "compile-max-autotune-gemm",
+           "compile-max-autotune-no-cudagraphs", "compile-default-blocks",
+           "compile-max-autotune-gemm-blocks", "compile-max-autotune-no-cudagraphs-blocks")
 """How a profiled module ran: eagerly, or behind Inductor in one mode, compiled whole or (with
 `-blocks`) layer by layer (engine/compile.py's compile scope)."""
 BLOCKS_SUFFIX = "-blocks"
