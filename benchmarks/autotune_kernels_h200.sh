@@ -33,7 +33,7 @@ start=$(date +%s)
 CUDA_VISIBLE_DEVICES=$GPU timeout "$LIMIT" python -m mosaic bench clip --gpus 1 --preset small \
   --batch 128 --perf-model profiled --planners megatron,mosaic \
   --compile "$MODE" --rounds "${ROUNDS:-4}" --user-programs "$USER" \
-  --out /tmp/c2 --json > "$OUT/$NAME.json" 2> "$OUT/$NAME.err"
+  --out "$OUT/$NAME" --json > "$OUT/$NAME.json" 2> "$OUT/$NAME.err"
 echo "clip small $MODE rc=$? in $(( $(date +%s) - start )) s"
 python benchmarks/bench_summary.py "$OUT/$NAME.json"
 python benchmarks/autotune_choices.py "$OUT/$NAME.err" --out "$OUT/autotune_choices.json" > /dev/null \

@@ -36,7 +36,8 @@ if importlib.util.find_spec("mosaic") is None:  # run as a plain script, without
 
 BASELINES = ("megatron", "distmm", "spindle")
 """In-engine baselines (the BASELINES of `mosaic bench`; not imported: that would load torch)."""
-USER_BASELINES = ("torch-eager", "torch-compile", "torch-compile-max-autotune")
+USER_BASELINES = ("torch-eager", "torch-compile", "torch-compile-max-autotune",
+                  "torch-compile-max-autotune-gemm")
 """The user's own training program, measured beside the plans; never predicted."""
 ONE_GPU_MODELS = ("clip", "imagebind", "qwen3-vl", "unified-io-2", "ofasys")
 """bench_h200.sh's models, in its order (the zoo's): one results file bench_MODEL.json each."""

@@ -298,6 +298,17 @@ def test_kernels_names_round_trip_to_the_engines_compile_settings():
     assert kernels_label(None, "blocks") == "eager"
 
 
+def test_default_kernels_stand_in_for_tuned_ones_before_eager():
+    from mosaic.profile.db import stand_in_kernels
+
+    assert stand_in_kernels("compile-max-autotune-gemm-blocks") == (
+        "compile-max-autotune-gemm-blocks", "compile-max-autotune-gemm",
+        "compile-default-blocks", "compile-default", "eager")
+    assert stand_in_kernels("compile-default-blocks") == (
+        "compile-default-blocks", "compile-default", "eager")
+    assert stand_in_kernels("eager") == ("eager",)
+
+
 def test_a_module_profiled_again_with_new_facts_drops_its_old_points(tmp_path):
     from dataclasses import replace
 

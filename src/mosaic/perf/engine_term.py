@@ -30,7 +30,7 @@ from mosaic.errors import MosaicError
 from mosaic.graph import MMGraph
 from mosaic.perf.results import bench_result_files, graph_of, load_bench_result, superseded
 from mosaic.plan import Plan, PlanError
-from mosaic.profile.db import FitRecord, ProfileDB, kernels_label
+from mosaic.profile.db import TUNED_MODES, FitRecord, ProfileDB, kernels_label
 
 FIT_PREFIX = "engine_term."
 FEATURES = ("const", "stages", "busiest_modules", "params", "synced_params", "micro_steps",
@@ -377,5 +377,13 @@ def stored_term(db: ProfileDB, engine: str | None) -> EngineTerm | None:
     """The DB's term for `engine`, or None (no engine kind given, or none fitted for it)."""
     if engine is None:
         return None
-    fit = next((f for f in db.fits() if f.name == FIT_PREFIX + engine), None)
+    fits = {f.name: f for f in db.fits()}
+    fit = fits.get(FIT_PREFIX + engine) or fits.get(FIT_PREFIX + untuned_engine(engine))
     return EngineTerm.from_fit(fit) if fit is not None else None
+
+
+def untuned_engine(engine: str) -> str:
+    """The engine kind with a tuned compile mode read as the default one: tuning changes which
+    kernels run, not the engine's per-step host work that the term fits."""
+    return "+".join("compile-default" if part.removeprefix("compile-") in TUNED_MODES else part
+                    for part in engine.split("+"))

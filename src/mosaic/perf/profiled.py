@@ -47,7 +47,6 @@ from mosaic.perf.interference import (
 )
 from mosaic.plan import Plan
 from mosaic.profile.db import (
-    BLOCKS_SUFFIX,
     COMM_KINDS,
     P2P_KINDS,
     ColocPoint,
@@ -58,6 +57,7 @@ from mosaic.profile.db import (
     comm_bus_factor,
     default_db_path,
     module_signature,
+    stand_in_kernels,
 )
 from mosaic.profile.optimizer import OptimizerFit
 from mosaic.profile.optimizer import stored_fit as stored_optimizer_fit
@@ -343,13 +343,12 @@ class SurfaceSet:
         return self.analytic.module_time_s(spec, b, k / self.gpu.num_sms)
 
     def signature_of(self, spec: ModuleSpec) -> str | None:
-        """The preferred kernels' surface, else the same mode compiled whole (for layer-by-
-        layer kernels), else the eager one; each by exact cost-fact match, else a module of
-        the same shape within 2% (other torch)."""
+        """The preferred kernels' surface, else the first of its stand-ins that has one
+        (`stand_in_kernels`); each by exact cost-fact match, else a module of the same shape
+        within 2% (other torch)."""
         if spec not in self._match:
             sig = None
-            for kernels in dict.fromkeys((self.prefer, self.prefer.removesuffix(BLOCKS_SUFFIX),
-                                          "eager")):
+            for kernels in stand_in_kernels(self.prefer):
                 sig = self._match_kernels(spec, kernels)
                 if sig is not None:
                     if kernels != self.prefer:
