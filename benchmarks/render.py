@@ -393,7 +393,8 @@ def _compiled_one_gpu(report: dict[str, Any]) -> bool:
 
 def _latest_runs(results: Path) -> dict[tuple[str, str, int], tuple[Path, dict[str, Any]]]:
     """(model, preset, batch) -> the newest compiled one-GPU result with the user's
-    torch.compile program beside it, else the newest without; never a superseded one."""
+    torch.compile program beside it, else the newest without; never a superseded one, nor
+    one stopped before it measured every contender (`complete` false)."""
     from mosaic.perf.results import superseded
 
     def rank(report: dict[str, Any]) -> tuple[bool, str]:
@@ -402,7 +403,7 @@ def _latest_runs(results: Path) -> dict[tuple[str, str, int], tuple[Path, dict[s
     latest: dict[tuple[str, str, int], tuple[Path, dict[str, Any]]] = {}
     for path in _result_files(results, "."):
         report = load(path)
-        if not _compiled_one_gpu(report) or superseded(path):
+        if not _compiled_one_gpu(report) or superseded(path) or not report.get("complete", True):
             continue
         key = (report["model"], report["preset"], report["global_batch"])
         if key not in latest or rank(report) > rank(latest[key][1]):

@@ -388,3 +388,65 @@ def test_the_user_program_with_tuned_kernels_is_asked_for_not_run_by_default():
     assert USER_PROGRAMS["torch-compile-max-autotune"] == "max-autotune"
     assert USER_PROGRAMS["torch-compile-max-autotune-gemm"] == "reduce-overhead-max-autotune-gemm"
     BenchConfig(user_programs=("torch-compile-max-autotune", "torch-compile-max-autotune-gemm"))
+
+
+def test_a_bench_stopped_by_sigterm_keeps_the_groups_it_measured(monkeypatch):
+    """A time limit (`timeout`, torchrun) sends SIGTERM: the plans measured by then, the
+    phase reached and the compile report come back; the signal handler is put back."""
+    import os
+    import signal
+
+    from mosaic.engine import measure
+
+    timed = measure._timed_rounds
+    calls = []
+
+    def second_group_stopped(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return timed(*args, **kwargs)
+
+    monkeypatch.setattr(measure, "_timed_rounds", second_group_stopped)
+    model = get_model("clip")
+    graph = model.graph("tiny")
+    config = BenchConfig(rounds=1, steps_per_round=1, warmup_steps=0, nvml_seconds=0,
+                         user_programs=("torch-eager",), plans_at_once=1)
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(measure.BenchInterrupted, match="SIGTERM") as caught:
+        measure_plans(model, "tiny", graph, _plans(graph), H200, config)
+    stop = caught.value
+    assert [m.label for m in stop.measurements] == ["megatron", "torch-eager"]
+    assert stop.phase.startswith("group 2 of 2 (mosaic): gradients checked")
+    assert stop.checks["plan_groups"] == [["megatron"], ["mosaic"]]
+    assert stop.checks["phases"][-1]["phase"] == stop.phase and "compile" in stop.checks
+    assert signal.getsignal(signal.SIGTERM) == before
+
+
+@pytest.mark.slow
+def test_mosaic_bench_killed_by_a_time_limit_writes_what_it_had(tmp_path):
+    """End to end: SIGTERM to a running `mosaic bench` (as `timeout` sends it) once it has
+    set its plans up; it exits 143 having written bench.json, marked incomplete."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    out = tmp_path / "run"
+    bench = subprocess.Popen(
+        # `small` on a CPU: its first eager step takes seconds, so the signal lands inside it.
+        [sys.executable, "-m", "mosaic", "bench", "clip", "--preset", "small", "--batch", "2",
+         "--planners", "megatron", "--perf-model", "analytic", "--cpu-smoke",
+         "--user-programs", "torch-eager", "--out", str(out)],
+        stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"})
+    for line in bench.stderr:
+        if "set up" in line:
+            bench.send_signal(signal.SIGTERM)
+            break
+    err = bench.stderr.read()
+    assert bench.wait(timeout=120) == 143, err
+    report = json.loads((out / "bench.json").read_text())
+    assert report["complete"] is False and report["results"] == []
+    assert report["interrupted"]["after_phase"] == "1 plan(s) set up"
+    assert "stopped by SIGTERM" in err and "bench.json" in err

@@ -20,6 +20,7 @@ from mosaic.autotune import AutotuneResult, autotune_recorded
 from mosaic.engine.measure import (
     BenchConfig,
     BenchError,
+    BenchInterrupted,
     PlanMeasurement,
     bench_report,
     engine_variant,
@@ -46,6 +47,9 @@ class BenchRun:
     autotune: AutotuneResult | None = None
     autotune_db: Path | None = None
     """Where autotune recorded its measurements (None: not recorded)."""
+    interrupted: BenchInterrupted | None = None
+    """Set when SIGTERM stopped the measurement: the report holds what was measured by then
+    (`complete` false, `interrupted` says after which phase)."""
 
 
 def perf_model_for(name: str, cluster: ClusterSpec, preset: str, db: str | Path | None,
@@ -105,12 +109,20 @@ def run_bench(model: Any, graph: MMGraph, cluster: ClusterSpec, config: BenchCon
                            if autotune else (None, None))
         if tuned is not None:
             measured["autotune"] = tuned.plan
-        measurements, checks = measure_plans(model, preset, graph, measured, cluster.gpu,
-                                             config, engines)
+        interrupted = None
+        try:
+            measurements, checks = measure_plans(model, preset, graph, measured, cluster.gpu,
+                                                 config, engines)
+        except BenchInterrupted as stop:
+            interrupted, measurements, checks = stop, stop.measurements, stop.checks
     finally:
         end_distributed(d)
-    return BenchRun(_report(graph, measurements, cluster, preset, perf, checks, tuned, config),
-                    measurements, tuned, tuned_db)
+    report = _report(graph, measurements, cluster, preset, perf, checks, tuned, config)
+    report["complete"] = interrupted is None
+    if interrupted is not None:
+        report["interrupted"] = {"signal": "SIGTERM", "after_phase": interrupted.phase,
+                                 "after_s": round(interrupted.elapsed_s, 1)}
+    return BenchRun(report, measurements, tuned, tuned_db, interrupted)
 
 
 def _report(graph: MMGraph, measurements: list[PlanMeasurement], cluster: ClusterSpec,

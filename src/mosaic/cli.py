@@ -34,9 +34,14 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
 DEFAULT_PLANNERS = "megatron,distmm,spindle,mosaic"
 
 
-def _fail(message: str) -> None:
+EXIT_INTERRUPTED = 128 + 15
+"""Exit status of a command stopped by SIGTERM after writing what it had (the shell's
+convention for a process ended by that signal)."""
+
+
+def _fail(message: str, code: int = 2) -> None:
     typer.echo(f"mosaic: error: {message}", err=True)
-    raise typer.Exit(2)
+    raise typer.Exit(code)
 
 
 class OptionError(MosaicError):
@@ -719,6 +724,8 @@ def bench(
         typer.echo(json.dumps(report, indent=2, default=str))
     else:
         print_bench_table(report)
+    if run.interrupted is not None:
+        _fail(f"bench {run.interrupted}; written to {out / 'bench.json'}", EXIT_INTERRUPTED)
     write_bench_timelines(report, run.measurements, out)
 
 

@@ -23,10 +23,12 @@ import dataclasses
 import datetime
 import logging
 import math
+import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -88,6 +90,22 @@ _BOOL_FIELDS = ("bucket_view", "grads_in_graph", "optimizer_overlap")
 
 class BenchError(MosaicError):
     """A benchmark that cannot run as asked; the message says the fix."""
+
+
+class BenchInterrupted(BenchError):
+    """SIGTERM (a time limit) stopped the bench: what was measured by then is kept."""
+
+    def __init__(self, phase: str, elapsed_s: float, measurements: list[PlanMeasurement],
+                 checks: dict[str, Any]) -> None:
+        super().__init__(f"stopped by SIGTERM after {elapsed_s:.0f} s, after the phase "
+                         f"{phase!r}; the results hold what was measured by then")
+        self.phase, self.elapsed_s = phase, elapsed_s
+        self.measurements, self.checks = measurements, checks
+
+
+class _Terminated(BaseException):
+    """Raised by the SIGTERM handler. Not an Exception: a module's compile falls back to eager
+    on any Exception, and a time limit must stop the bench, not one module's compile."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -615,26 +633,55 @@ def measure_plans(model, preset: str, graph: MMGraph, plans: dict[str, Plan], gp
     progress = _Progress(time.perf_counter())
     groups = _plan_groups(list(plans), config.plans_at_once)
     results: list[PlanMeasurement] = []
-    checks: dict[str, Any] = {}
-    reference: _Reference | None = None
-    for i, labels in enumerate(groups):
-        group_config = config if i == 0 else replace(config, user_programs=())
-        if len(groups) > 1:
-            progress.group = f"group {i + 1} of {len(groups)} ({', '.join(labels)})"
-            _release_memory()
-        measured, group_checks, reference = _measure_group(
-            model, preset, graph, {label: plans[label] for label in labels}, gpu, group_config,
-            engines, variants, progress, reference, keep_reference=len(groups) > 1)
-        results += measured
-        checks.setdefault("compile", group_checks["compile"])
-        checks.setdefault("peak_memory_bytes", []).append(group_checks["peak_memory_bytes"])
-        if "gradients" in group_checks:
-            checks.setdefault("gradient_groups", []).append(group_checks["gradients"])
-            checks.setdefault("gradients", group_checks["gradients"])  # the reference's group
-    checks["phases"] = progress.phases
+    checks: dict[str, Any] = {"phases": progress.phases}
     if len(groups) > 1:
         checks["plan_groups"] = groups
+    reference: _Reference | None = None
+    with _sigterm_raises():
+        try:
+            for i, labels in enumerate(groups):
+                group_config = config if i == 0 else replace(config, user_programs=())
+                if len(groups) > 1:
+                    progress.group = f"group {i + 1} of {len(groups)} ({', '.join(labels)})"
+                    _release_memory()
+                measured, group_checks, reference = _measure_group(
+                    model, preset, graph, {label: plans[label] for label in labels}, gpu,
+                    group_config, engines, variants, progress, reference,
+                    keep_reference=len(groups) > 1)
+                results += measured
+                _add_group_checks(checks, group_checks)
+        except _Terminated:
+            checks.setdefault("compile", progress.compile.to_dict())
+            raise BenchInterrupted(progress.last_phase, progress.elapsed_s(), results,
+                                   checks) from None
     return _with_twins(results, same, plans), checks
+
+
+def _add_group_checks(checks: dict[str, Any], group_checks: dict[str, Any]) -> None:
+    checks.setdefault("compile", group_checks["compile"])
+    checks.setdefault("peak_memory_bytes", []).append(group_checks["peak_memory_bytes"])
+    if "gradients" in group_checks:
+        checks.setdefault("gradient_groups", []).append(group_checks["gradients"])
+        checks.setdefault("gradients", group_checks["gradients"])  # the reference's group
+
+
+@contextmanager
+def _sigterm_raises() -> Iterator[None]:
+    """SIGTERM (what `timeout` and torchrun send) raises _Terminated in the main thread while
+    the bench runs, so a run stopped by a time limit still writes what it measured and how
+    far it got (compiling, capturing, timing). Elsewhere than the main thread: nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def terminate(signum: int, frame: Any) -> None:
+        raise _Terminated
+
+    previous = signal.signal(signal.SIGTERM, terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _plan_groups(labels: list[str], at_once: int | None) -> list[list[str]]:
@@ -662,6 +709,7 @@ def _measure_group(model, preset: str, graph: MMGraph, plans: dict[str, Plan], g
     checked against `reference` (an earlier group's), else against this group's own, which it
     returns, its gradients on the host, when `keep_reference` (later groups will need it)."""
     s = _setup(model, preset, graph, plans, gpu, config, engines)
+    progress.compile = s.compiled
     try:
         _peak_and_reset(s)
         progress.say(s, f"{len(s.contenders)} plan(s) set up")
@@ -754,10 +802,9 @@ def out_of_memory(progress: _Progress, contenders: int) -> BenchError:
     """What to do when the GPU ran out of memory measuring: every plan keeps its own CUDA
     graphs and their memory pool through the interleaved rounds (Unified-IO 2 `paper` with
     four plans ran out of the H200's 141 GB capturing the fourth)."""
-    where = progress.phases[-1]["phase"] if progress.phases else "setting up"
     return BenchError(
-        f"out of GPU memory after {where!r}, with {contenders} plan(s) and user program(s) "
-        "measured side by side: each plan keeps its CUDA graphs and their memory for the "
+        f"out of GPU memory after {progress.last_phase!r}, with {contenders} plan(s) and "
+        "user program(s) measured side by side: each plan keeps its CUDA graphs and their memory for the "
         "interleaved rounds. Measure them in groups (--plans-at-once 1: each plan set up, "
         "timed and released in turn), or fewer (--planners mosaic; --user-programs \"\"), or "
         "a smaller --batch")
@@ -773,9 +820,18 @@ class _Progress:
     phases: list[dict[str, Any]] = field(default_factory=list)
     group: str = ""
     """The plan group being measured (`plans_at_once`), named in each of its phases."""
+    compile: CompileReport = field(default_factory=CompileReport)
+    """The compile report of the group being set up (what an interrupted run reports)."""
+
+    @property
+    def last_phase(self) -> str:
+        return self.phases[-1]["phase"] if self.phases else "setting up"
+
+    def elapsed_s(self) -> float:
+        return time.perf_counter() - self.start
 
     def say(self, s: _Setup, what: str) -> None:
-        elapsed = time.perf_counter() - self.start
+        elapsed = self.elapsed_s()
         what = f"{self.group}: {what}" if self.group else what
         self.phases.append({"s": round(elapsed, 2), "phase": what})
         if s.dist.rank == 0:
