@@ -114,6 +114,28 @@ def test_a_killed_rank_restarts_from_the_last_checkpoint(tmp_path, plan_file, re
 
 
 @pytest.mark.slow
+def test_sigterm_to_one_rank_stops_both_after_one_step_checkpointed(tmp_path, plan_file,
+                                                                     reference):
+    """A preemption notice (SIGTERM) reaches rank 1 as step 4 starts. Its request rides the
+    step's health, summed over ranks, so both ranks learn of it reading step 4 (read before
+    the scheduled checkpoint 5), stop after it with that checkpoint (not saved twice) and exit
+    143; `--resume auto` then loses no step. Rank 0 was never signalled."""
+    args = train_args(tmp_path, plan_file, "--resume", "auto")
+    args[args.index("--checkpoint-every") + 1] = "5"
+    stopped = torchrun(tmp_path, *args, fault="term:rank=1:step=4")
+    assert stopped.returncode != 0, tail(stopped)
+    assert stopped.stderr.count("exitcode: 143") == 2 or "exitcode  : 143" in stopped.stderr, \
+        tail(stopped)
+    assert "SIGTERM: stopped after step 4 of 8; checkpoint step 5 saved" in stopped.stderr
+    assert latest_checkpoint(tmp_path / "ck").name == "step-000005"
+    assert [r["step"] for r in metrics(tmp_path)] == list(range(5))
+    resumed = torchrun(tmp_path, *args)
+    assert resumed.returncode == 0, tail(resumed)
+    assert "resuming at step 5 of 8" in resumed.stderr
+    assert_same_run(tmp_path, reference)
+
+
+@pytest.mark.slow
 def test_a_kill_inside_a_checkpoint_save_keeps_the_previous_one(tmp_path, plan_file, reference):
     """Rank 0 dies after writing its shard of checkpoint 6, before publishing it: checkpoint 3
     stays `latest` and loadable, the half-written one is never read, and a restart resumes
@@ -212,3 +234,27 @@ def test_a_malformed_fault_spec_is_a_one_line_error(monkeypatch):
     monkeypatch.setenv("MOSAIC_FAULT", "explode:rank=0")
     with pytest.raises(ValueError, match="MOSAIC_FAULT='explode:rank=0': write ACTION"):
         train(_toy_config(), model=ToyModel("toyclip"))
+
+
+# --- a stop request, in one process --------------------------------------------------------
+def test_sigterm_in_one_process_stops_after_the_step_it_reads_with_a_checkpoint(monkeypatch,
+                                                                                tmp_path):
+    """SIGTERM as step 2 starts: step 2 carries the request, the loop stops once it has read
+    step 2 (one step later, steps kept in flight), checkpoints there, and puts the previous
+    SIGTERM handler back; without a checkpoint directory it stops all the same."""
+    import signal
+
+    from mosaic.engine.checkpoint import CheckpointConfig
+
+    before = signal.getsignal(signal.SIGTERM)
+    monkeypatch.setenv("MOSAIC_FAULT", "term:rank=0:step=2")
+    ckpt = CheckpointConfig(directory=str(tmp_path / "ck"), every_steps=100)
+    result = train(_toy_config(steps=8, checkpoint=ckpt), model=ToyModel("toyclip"))
+    stopped = result.summary["stopped"]
+    assert stopped["signal"] == "SIGTERM" and stopped["steps_done"] in (3, 4)
+    assert [r["step"] for r in result.steps] == list(range(stopped["steps_done"]))
+    assert latest_checkpoint(tmp_path / "ck").name == f"step-{stopped['steps_done']:06d}"
+    assert signal.getsignal(signal.SIGTERM) == before
+    bare = train(_toy_config(steps=8), model=ToyModel("toyclip"))
+    assert bare.summary["stopped"]["checkpoint_step"] is None
+    assert len(bare.steps) < 8

@@ -36,8 +36,10 @@ def test_which_optimizers_skip_on_the_device():
 
 
 def test_the_health_vector_names_what_was_not_finite():
-    assert read_bad([1.0, 0.0, 0.0, 0.0], ["a", "b"]) == []
-    assert read_bad([float("nan"), 1.0, 0.0, 2.0], ["a", "b"]) == ["loss", "gradient of module 'b'"]
+    assert read_bad([1.0, 0.0, 0.0, 0.0, 0.0], ["a", "b"]) == []
+    assert read_bad([1.0, 2.0, 0.0, 0.0, 0.0], ["a", "b"]) == []  # a stop request is no fault
+    assert read_bad([float("nan"), 0.0, 1.0, 0.0, 2.0], ["a", "b"]) == [
+        "loss", "gradient of module 'b'"]
 
 
 @pytest.mark.parametrize("optimizer", ["adamw", "sgd"])

@@ -508,16 +508,18 @@ def train(
                                 torch_trace_dir=str(torch_trace) if torch_trace else None)
     finally:
         end_distributed(d)
-    if int(os.environ.get("RANK", "0")) != 0:
-        return
-    if out is not None:
-        _write_run_folder(out, resolved, result, model, str(preset), batch, hardware,
-                          str(perf_model), profile_db)
-    if torch_trace is not None:
-        from mosaic.report.kernel_time import summarise_trace_dir
+    stopped = result.summary.get("stopped")
+    if int(os.environ.get("RANK", "0")) == 0:
+        if out is not None:
+            _write_run_folder(out, resolved, result, model, str(preset), batch, hardware,
+                              str(perf_model), profile_db)
+        if torch_trace is not None:
+            from mosaic.report.kernel_time import summarise_trace_dir
 
-        summarise_trace_dir(torch_trace)
-    _say_trained(result, data)
+            summarise_trace_dir(torch_trace)
+        _say_trained(result, data)
+    if stopped is not None:  # every rank: the run did not finish (SIGTERM), its state is kept
+        raise typer.Exit(EXIT_INTERRUPTED)
 
 
 def _training_plan(model: str, preset: str, batch: int | None, gpus: int, hardware,

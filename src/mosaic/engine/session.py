@@ -430,7 +430,7 @@ def _micro_step_graph(plan: Plan, graph: MMGraph, modules: dict[str, nn.Module],
 
 # --- fault injection: a hook for the reliability tests only ------------------------------------
 FAULT_ENV = "MOSAIC_FAULT"
-FAULT_ACTIONS = ("kill", "hang", "nan")
+FAULT_ACTIONS = ("kill", "term", "hang", "nan")
 FAULT_PHASES = ("step", "checkpoint")
 
 
@@ -440,6 +440,8 @@ class Fault:
     survives it (tests/test_faults.py, RELIABILITY.md); never set it in a real run.
 
         kill:rank=1:step=5                    rank 1 SIGKILLs itself as step 5 starts
+        term:rank=1:step=4                    rank 1 is sent SIGTERM as step 4 starts (as a
+                                              scheduler's preemption notice would)
         hang:rank=1:step=3                    rank 1 sleeps forever as step 3 starts
         nan:rank=0:step=2                     NaN in rank 0's first module's gradient at step 2
         kill:rank=0:step=6:during=checkpoint  after writing its shard of checkpoint 6, before
@@ -478,8 +480,10 @@ class Fault:
         return (rank, step, during, attempt) == (self.rank, self.step, self.during, self.attempt)
 
     def fire(self) -> None:
-        """kill and hang; `nan` is the trainer's to apply (it needs the gradients)."""
+        """kill, term and hang; `nan` is the trainer's to apply (it needs the gradients)."""
         if self.action == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
+        if self.action == "term":
+            os.kill(os.getpid(), signal.SIGTERM)
         while self.action == "hang":
             time.sleep(3600)

@@ -39,8 +39,9 @@ class StepInFlight:
     start: Mark
     end: Mark
     health: torch.Tensor
-    """On the host once `end` has passed: [loss summed over ranks, loss not finite, then per
-    module of `modules` 1.0 when some gradient of it is NaN/inf on some rank]."""
+    """On the host once `end` has passed: [loss summed over ranks, ranks asked to stop, loss
+    not finite, then per module of `modules` 1.0 when some gradient of it is NaN/inf on some
+    rank] (indices LOSS, STOP, BAD_LOSS, then the modules')."""
     modules: list[str]
     output: StepOutput
 
@@ -53,6 +54,13 @@ class StepResult:
     bad: list[str]
     """What was not finite: 'loss', "gradient of module 'x'"; the update was not applied."""
     output: StepOutput
+    stop_requested: bool = False
+    """Some rank had been asked to stop (SIGTERM) when it launched this step: every rank
+    reads the same sum, so all stop after the same step."""
+
+
+LOSS, STOP, BAD_LOSS = 0, 1, 2
+"""Indices of a health vector (StepInFlight.health); the modules' flags follow BAD_LOSS."""
 
 
 def skips_on_device(optimizer: torch.optim.Optimizer | None) -> bool:
@@ -105,11 +113,14 @@ class GuardChoice:
 
 
 def step_health(output: StepOutput, modules: dict[str, torch.nn.Module], names: list[str],
-                world_size: int, guard: str = "norms") -> torch.Tensor:
-    """[loss summed over ranks, loss not finite, per name: some gradient not finite], on the
-    device, summed over ranks there (a module may live on one rank; every rank must agree)."""
+                world_size: int, guard: str = "norms",
+                stop_requested: bool = False) -> torch.Tensor:
+    """[loss summed over ranks, ranks asked to stop, loss not finite, per name: some gradient
+    not finite], on the device, summed over ranks there (a module may live on one rank; every
+    rank must agree). The stop flag rides along: no collective of its own."""
     loss = output.loss.detach().float().reshape(())
-    parts = [loss, (~torch.isfinite(loss)).float()]
+    stop = torch.full((), float(stop_requested), device=loss.device)
+    parts = [loss, stop, (~torch.isfinite(loss)).float()]
     for name in names:
         # A TP shard's local gradient: the flags are summed over ranks anyway.
         grads = [local_tensor(p.grad) for p in modules[name].parameters()
@@ -133,12 +144,13 @@ def _not_finite(grads: list[torch.Tensor], guard: str) -> torch.Tensor:
 
 
 def launch_step(session: Any, optimizer: torch.optim.Optimizer | None, rows: list[dict],
-                timer: Timer, step: int, poison: Any = None,
-                guard: str = "norms") -> tuple[StepInFlight, list[str] | None]:
+                timer: Timer, step: int, poison: Any = None, guard: str = "norms",
+                stop_requested: bool = False) -> tuple[StepInFlight, list[str] | None]:
     """Upload `rows`, run forward and backward, compute the step's health and launch the
     optimizer (told to skip on the device when the health is bad). Returns the step and, when
     the optimizer cannot skip on the device, what the host found not finite (the update was
-    then not launched when there was any); None when the host has not looked yet."""
+    then not launched when there was any); None when the host has not looked yet.
+    `stop_requested`: this rank was asked to stop (summed into the health with the others')."""
     start = timer.mark()
     data = session.to_device(rows)
     if optimizer is not None:
@@ -147,10 +159,11 @@ def launch_step(session: Any, optimizer: torch.optim.Optimizer | None, rows: lis
     if poison is not None:
         poison(session)
     names = sorted({p.module for s in session.plan.stages for p in s.placements})
-    health = step_health(output, session.modules, names, session.comm.world_size, guard)
+    health = step_health(output, session.modules, names, session.comm.world_size, guard,
+                         stop_requested)
     checked = None
     if skips_on_device(optimizer):
-        optimizer.found_inf = (health[1:].sum() > 0).float()
+        optimizer.found_inf = (health[BAD_LOSS:].sum() > 0).float()
         optimizer.step()
     else:
         checked = read_bad(health.tolist(), names)
@@ -167,11 +180,13 @@ def finish_step(flight: StepInFlight, timer: Timer, since: Mark | None = None) -
     counts in this step, as it counts in the run's wall-clock; else the step's own start."""
     seconds = timer.seconds(since or flight.start, flight.end)
     values = flight.health.tolist()
-    return StepResult(step=flight.step, loss=values[0], seconds=seconds,
-                      bad=read_bad(values, flight.modules), output=flight.output)
+    return StepResult(step=flight.step, loss=values[LOSS], seconds=seconds,
+                      bad=read_bad(values, flight.modules), output=flight.output,
+                      stop_requested=values[STOP] > 0)
 
 
 def read_bad(values: list[float], names: list[str]) -> list[str]:
     """The names of what a health vector (see StepInFlight.health) says was not finite."""
-    bad = ["loss"] if values[1] or not math.isfinite(values[0]) else []
-    return bad + [f"gradient of module {n!r}" for n, f in zip(names, values[2:], strict=True) if f]
+    bad = ["loss"] if values[BAD_LOSS] or not math.isfinite(values[LOSS]) else []
+    flags = values[BAD_LOSS + 1:]
+    return bad + [f"gradient of module {n!r}" for n, f in zip(names, flags, strict=True) if f]

@@ -14,7 +14,9 @@ import contextlib
 import importlib.util
 import json
 import os
+import signal
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
@@ -260,15 +262,17 @@ def train(config: TrainConfig, model: TrainableModel | None = None) -> TrainResu
         setup_s = time.perf_counter() - t_setup
         first = _resume(config, session, optimizer, d)
         with _tensorboard(config, d, first) as board:
-            steps, timeline, guard = _loop(config, model, graph, session, optimizer, d, first,
-                                           board)
-            evaluation = _evaluate(model, graph, session)
+            steps, timeline, guard, stopped = _loop(config, model, graph, session, optimizer,
+                                                    d, first, board)
+            evaluation = None if stopped else _evaluate(model, graph, session)
             for key, value in (evaluation or {}).items():
                 if board is not None and isinstance(value, float):
                     board.add_scalar(f"eval/{key}", value, config.steps)
         summary = _summary(config, graph, session, steps, d, setup_s)
         summary["compile"] = compiled.to_dict()
         summary["nan_guard"] = guard
+        if stopped is not None:
+            summary["stopped"] = stopped
         if evaluation is not None:
             summary["eval"] = evaluation
         return TrainResult(steps=steps, summary=summary, plan=plan, timeline=timeline,
@@ -336,21 +340,38 @@ class _Saves:
         self.config, self.session, self.optimizer, self.d, self.fault = (
             config, session, optimizer, d, fault)
         self.pending: PendingCheckpoint | None = None
+        self.saved_at: int | None = None
+        """steps_done of the last checkpoint begun."""
 
     def if_due(self, steps_done: int) -> bool:
         """Save after `steps_done` steps when the schedule says so; whether it did."""
         ckpt = self.config.checkpoint
         if ckpt is None or not (ckpt.due(steps_done) or steps_done == self.config.steps):
             return False
+        self._save(steps_done, ckpt.background)
+        return True
+
+    def now(self, steps_done: int) -> bool:
+        """Save after `steps_done` steps and wait for it (the run is stopping), unless that
+        save was begun already; whether there is one (False: no checkpoint directory)."""
+        if self.config.checkpoint is None:
+            return False
+        if self.saved_at != steps_done:
+            self._save(steps_done, background=False)
+        self.wait()
+        return True
+
+    def _save(self, steps_done: int, background: bool) -> None:
+        ckpt = self.config.checkpoint
         self.wait()
         with _fault_in_checkpoint(self.fault, self.d.rank, steps_done):
             self.pending = begin_checkpoint(ckpt.directory, steps_done, self.session.modules,
                                             self.optimizer, plan=self.session.plan,
-                                            keep_last=ckpt.keep_last, background=ckpt.background,
+                                            keep_last=ckpt.keep_last, background=background,
                                             timeout_s=self.config.timeout_s)
-        if not ckpt.background:
+        self.saved_at = steps_done
+        if not background:
             self.wait()
-        return True
 
     def wait(self) -> None:
         pending, self.pending = self.pending, None
@@ -449,9 +470,11 @@ def _loop(config: TrainConfig, model: TrainableModel, graph: MMGraph, session: R
     steps: list[dict[str, Any]] = []
     timeline: list[dict[str, Any]] = []
     metrics = _open_metrics(config, d, first)
+    stopped: dict[str, Any] | None = None
     try:
         with _progress(config, d) as (bar, task), _torch_trace(config, d, first) as tracer, \
-                _row_prefetcher(model, config, graph, session, first) as rows:
+                _row_prefetcher(model, config, graph, session, first) as rows, \
+                _sigterm_requests_stop() as stop:
             bar.update(task, advance=first)
 
             def record(row: dict[str, Any]) -> None:
@@ -463,7 +486,7 @@ def _loop(config: TrainConfig, model: TrainableModel, graph: MMGraph, session: R
                 _board_scalars(board, row)
                 bar.update(task, advance=1, loss=row["loss"], ms=1e3 * row["step_time_s"])
 
-            pipeline = _StepPipeline(config, graph, session, optimizer, d, fault, record)
+            pipeline = _StepPipeline(config, graph, session, optimizer, d, fault, record, stop)
             saves = _Saves(config, session, optimizer, d, fault)
             for step in range(first, config.steps):
                 if fault is not None and fault.due(d.rank, step):
@@ -475,12 +498,62 @@ def _loop(config: TrainConfig, model: TrainableModel, graph: MMGraph, session: R
                                             first)
                     if config.engine.timeline and step == config.steps - 1:
                         timeline = _gather_timeline(session.runner.timeline(output), d)
+                    if pipeline.stop_seen and step + 1 < config.steps:
+                        stopped = _stop_after(step, pipeline, saves, config, d)
                 tracer.step()
+                if stopped is not None:
+                    break
             saves.wait()  # the last save, if written in the background
     finally:
         if metrics is not None:
             metrics.close()
-    return steps, timeline, pipeline.guard.guard
+    return steps, timeline, pipeline.guard.guard, stopped
+
+
+def _stop_after(step: int, pipeline: _StepPipeline, saves: _Saves, config: TrainConfig,
+                d: Dist) -> dict[str, Any]:
+    """Every rank read the same stop request with the same step: finish `step`, save a
+    checkpoint after it (where the run has a checkpoint directory) and say so."""
+    pipeline.drain()
+    saved = saves.now(step + 1)
+    where = (f"checkpoint step {step + 1} saved in {config.checkpoint.directory}; continue "
+             "with --resume auto" if saved else "no --checkpoint-dir, so nothing was saved")
+    if d.rank == 0:
+        print(f"mosaic: SIGTERM: stopped after step {step} of {config.steps}; {where}",
+              file=sys.stderr, flush=True)
+    return {"signal": "SIGTERM", "steps_done": step + 1,
+            "checkpoint_step": step + 1 if saved else None}
+
+
+class _StopRequest:
+    """Whether this process was sent SIGTERM (a scheduler's preemption notice, torchrun
+    shutting the run down). The trainer does not stop at once: each rank adds its request to
+    the step's health, summed over ranks with it, so all ranks learn of it with the same step
+    and stop after that one, checkpointed."""
+
+    def __init__(self) -> None:
+        self.requested = False
+
+
+@contextlib.contextmanager
+def _sigterm_requests_stop():
+    """A _StopRequest that SIGTERM sets while the loop runs (main thread only). A second
+    SIGTERM ends the process as before: the previous handler is back after the first."""
+    request = _StopRequest()
+    if threading.current_thread() is not threading.main_thread():
+        yield request
+        return
+    previous = signal.getsignal(signal.SIGTERM)
+
+    def ask(signum: int, frame: Any) -> None:
+        request.requested = True
+        signal.signal(signal.SIGTERM, previous)
+
+    signal.signal(signal.SIGTERM, ask)
+    try:
+        yield request
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _row_prefetcher(model: TrainableModel, config: TrainConfig, graph: MMGraph,
@@ -519,9 +592,11 @@ class _StepPipeline:
 
     def __init__(self, config: TrainConfig, graph: MMGraph, session: RankSession,
                  optimizer: torch.optim.Optimizer | None, d: Dist, fault: Fault | None,
-                 record: Callable[[dict[str, Any]], None]) -> None:
+                 record: Callable[[dict[str, Any]], None], stop: _StopRequest) -> None:
         self.config, self.graph, self.session, self.optimizer = config, graph, session, optimizer
-        self.d, self.fault, self.record = d, fault, record
+        self.d, self.fault, self.record, self.stop = d, fault, record, stop
+        self.stop_seen = False
+        """A step read so far carried some rank's stop request."""
         self.timer = Timer(d.device)
         self.pending: tuple[StepInFlight, Mark | None] | None = None
         self.last_end: Mark | None = None
@@ -533,7 +608,7 @@ class _StepPipeline:
                   and self.fault.due(self.d.rank, step) else None)
         started = time.perf_counter()
         flight, checked = launch_step(self.session, self.optimizer, rows, self.timer, step,
-                                      poison, self.guard.guard)
+                                      poison, self.guard.guard, self.stop.requested)
         self.launch_s[step] = time.perf_counter() - started
         before, self.pending = self.pending, (flight, self.last_end)
         self.last_end = flight.end
@@ -557,6 +632,7 @@ class _StepPipeline:
 
     def _finish(self, flight: StepInFlight, since: Mark | None) -> None:
         done = finish_step(flight, self.timer, since)
+        self.stop_seen = self.stop_seen or done.stop_requested
         launch_s = self.launch_s.pop(done.step)
         switched = self.guard.observe(launch_s, done.seconds)
         if switched and self.d.rank == 0 and self.d.device.type == "cuda":
