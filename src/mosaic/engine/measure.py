@@ -23,12 +23,10 @@ import dataclasses
 import datetime
 import logging
 import math
-import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -50,6 +48,7 @@ from mosaic.engine.session import (
     make_optimizer,
     start_distributed,
 )
+from mosaic.engine.signals import handling_sigterm
 from mosaic.engine.tensor_parallel import full_tensor
 from mosaic.engine.timer import Timer
 from mosaic.engine.user_program import UserProgram
@@ -106,6 +105,10 @@ class BenchInterrupted(BenchError):
 class _Terminated(BaseException):
     """Raised by the SIGTERM handler. Not an Exception: a module's compile falls back to eager
     on any Exception, and a time limit must stop the bench, not one module's compile."""
+
+
+def _terminate() -> None:
+    raise _Terminated
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -637,7 +640,7 @@ def measure_plans(model, preset: str, graph: MMGraph, plans: dict[str, Plan], gp
     if len(groups) > 1:
         checks["plan_groups"] = groups
     reference: _Reference | None = None
-    with _sigterm_raises():
+    with handling_sigterm(_terminate):
         try:
             for i, labels in enumerate(groups):
                 group_config = config if i == 0 else replace(config, user_programs=())
@@ -663,25 +666,6 @@ def _add_group_checks(checks: dict[str, Any], group_checks: dict[str, Any]) -> N
     if "gradients" in group_checks:
         checks.setdefault("gradient_groups", []).append(group_checks["gradients"])
         checks.setdefault("gradients", group_checks["gradients"])  # the reference's group
-
-
-@contextmanager
-def _sigterm_raises() -> Iterator[None]:
-    """SIGTERM (what `timeout` and torchrun send) raises _Terminated in the main thread while
-    the bench runs, so a run stopped by a time limit still writes what it measured and how
-    far it got (compiling, capturing, timing). Elsewhere than the main thread: nothing."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def terminate(signum: int, frame: Any) -> None:
-        raise _Terminated
-
-    previous = signal.signal(signal.SIGTERM, terminate)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def _plan_groups(labels: list[str], at_once: int | None) -> list[list[str]]:
@@ -804,10 +788,10 @@ def out_of_memory(progress: _Progress, contenders: int) -> BenchError:
     four plans ran out of the H200's 141 GB capturing the fourth)."""
     return BenchError(
         f"out of GPU memory after {progress.last_phase!r}, with {contenders} plan(s) and "
-        "user program(s) measured side by side: each plan keeps its CUDA graphs and their memory for the "
-        "interleaved rounds. Measure them in groups (--plans-at-once 1: each plan set up, "
-        "timed and released in turn), or fewer (--planners mosaic; --user-programs \"\"), or "
-        "a smaller --batch")
+        "user program(s) measured side by side: each plan keeps its CUDA graphs and their "
+        "memory for the interleaved rounds. Measure them in groups (--plans-at-once 1: each "
+        "plan set up, timed and released in turn), or fewer (--planners mosaic; "
+        "--user-programs \"\"), or a smaller --batch")
 
 
 @dataclass(slots=True)

@@ -14,9 +14,7 @@ import contextlib
 import importlib.util
 import json
 import os
-import signal
 import sys
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
@@ -57,6 +55,7 @@ from mosaic.engine.session import (
     make_optimizer,
     start_distributed,
 )
+from mosaic.engine.signals import handling_sigterm, restore_default_sigterm
 from mosaic.engine.steps import GuardChoice, StepInFlight, finish_step, launch_step
 from mosaic.engine.tensor_parallel import local_tensor
 from mosaic.engine.timer import Mark, Timer
@@ -538,22 +537,15 @@ class _StopRequest:
 @contextlib.contextmanager
 def _sigterm_requests_stop():
     """A _StopRequest that SIGTERM sets while the loop runs (main thread only). A second
-    SIGTERM ends the process as before: the previous handler is back after the first."""
+    SIGTERM ends the process as the default handler does."""
     request = _StopRequest()
-    if threading.current_thread() is not threading.main_thread():
-        yield request
-        return
-    previous = signal.getsignal(signal.SIGTERM)
 
-    def ask(signum: int, frame: Any) -> None:
+    def ask() -> None:
         request.requested = True
-        signal.signal(signal.SIGTERM, previous)
+        restore_default_sigterm()
 
-    signal.signal(signal.SIGTERM, ask)
-    try:
+    with handling_sigterm(ask):
         yield request
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def _row_prefetcher(model: TrainableModel, config: TrainConfig, graph: MMGraph,
