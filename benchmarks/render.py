@@ -595,6 +595,8 @@ def kernel_time(results: Path, arg: str | None) -> str:
 # --- the trainer's steps in flight (benchmarks/train_in_flight.py) ----------------------------
 
 def _row_drawing(report: dict[str, Any]) -> str:
+    if report.get("rows_on_device"):
+        return "the GPU"
     if "row_processes" in report:
         return f"{report['row_processes']} processes"
     threads = report.get("row_threads", 1)

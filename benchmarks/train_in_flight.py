@@ -77,24 +77,30 @@ def host_rows_ms(model_name: str, preset: str, batch: int, steps: int = 3) -> fl
 
 
 def row_variants(args: argparse.Namespace, plan, cuda: bool) -> dict[str, float]:
-    """Median step in flight with one row thread, and with rows drawn once and reused (the
-    trainer's step without its data's cost): whether drawing synthetic rows bounds it."""
+    """Median step in flight with the rows drawn on the host by the trainer's threads and by
+    one thread (on a GPU the trainer draws the zoo's rows on the device itself), and with rows
+    drawn once and reused (the trainer's step without its data's cost): whether drawing
+    synthetic rows bounds it."""
     from unittest import mock
 
     from mosaic.engine import rows
 
     out = {}
-    with mock.patch.object(rows, "row_threads", lambda: 1):
-        out["1 row thread"] = train(run_config(args, plan, False, cuda)).summary
     model = get_model(args.model)
+    with mock.patch.object(type(model), "draws_on_device", False):
+        if cuda:
+            out[f"host, {row_threads()} row threads"] = train(
+                run_config(args, plan, False, cuda)).summary
+        with mock.patch.object(rows, "row_threads", lambda: 1):
+            out["host, 1 row thread"] = train(run_config(args, plan, False, cuda)).summary
     draw = type(model).make_rows
     drawn: dict = {}
 
-    def once(preset, ranges, *, step, seed, global_batch):
+    def once(preset, ranges, *, step, seed, global_batch, **where):
         key = tuple(sorted((ranges or {}).items()))
         if key not in drawn:
             drawn[key] = draw(model, preset, ranges, step=0, seed=seed,
-                              global_batch=global_batch)
+                              global_batch=global_batch, **where)
         return drawn[key]
 
     with mock.patch.object(type(model), "make_rows", lambda self, *a, **k: once(*a, **k)):
@@ -154,6 +160,7 @@ def main() -> None:
               "speedup_in_flight": medians["read each step"] / medians["in flight"],
               "host_rows_ms_one_thread": host_rows_ms(args.model, args.preset, graph.global_batch),
               "row_threads": row_threads(),
+              "rows_on_device": cuda and get_model(args.model).draws_on_device,
               "environment": environment()}
     print(f"{args.model} {args.preset} b{graph.global_batch}: read each step "
           f"{medians['read each step'] * 1e3:.2f} ms, in flight {medians['in flight'] * 1e3:.2f} "

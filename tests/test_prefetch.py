@@ -72,3 +72,59 @@ def test_rows_are_pinned_on_cuda():
         pytest.skip("needs CUDA")
     (row,) = pinned([{"vision": (torch.ones(2), torch.zeros(3))}], pin=True)
     assert all(t.is_pinned() for t in row["vision"])
+
+
+def test_only_a_model_that_draws_on_the_device_is_asked_to():
+    """The zoo's synthetic rows take a device; a data source or a user's model is never
+    handed one (its make_rows has no such argument) and stays on the host."""
+    from mosaic.zoo import get_model
+
+    clip = get_model("clip")
+    on_cpu = batch_loader(clip, "tiny", 4, 7, 3, torch.device("cpu"))(RANGES)
+    host = batch_loader(clip, "tiny", 4, 7, 3)(RANGES)
+    for name, tensors in host.items():  # the same generators, on the device asked for
+        assert all(torch.equal(a, b) for a, b in zip(on_cpu[name], tensors, strict=True))
+    toy = ToyModel("toyclip")  # make_rows(preset, ranges, *, step, seed, global_batch) only
+    batch_loader(toy, "tiny", 4, 7, 3, torch.device("cuda"))(RANGES)
+    assert toy.requested[-1]["step"] == 3
+
+
+def test_the_trainer_draws_synthetic_rows_on_the_gpu_and_loads_real_data_on_threads():
+    from types import SimpleNamespace
+
+    from mosaic.engine.rows import RowsOnDevice
+    from mosaic.engine.trainer import TrainConfig, _row_prefetcher
+    from mosaic.zoo import get_model
+
+    from tests.test_engine import one_gpu_plans
+
+    graph = get_model("clip").graph("tiny")
+    config = TrainConfig(model="clip", preset="tiny", steps=3, device="cpu",
+                         plan=one_gpu_plans(graph)["free"])
+
+    def source(model, device: str):
+        session = SimpleNamespace(runner=SimpleNamespace(device=torch.device(device)))
+        return type(_row_prefetcher(model, config, graph, session, 0))
+
+    assert source(get_model("clip"), "cuda") is RowsOnDevice
+    assert source(ToyModel("toyclip"), "cuda") is RowPrefetcher
+    assert source(get_model("clip"), "cpu") is RowPrefetcher
+
+
+@pytest.mark.gpu
+def test_synthetic_rows_drawn_on_the_gpu_are_the_same_for_every_split():
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    from mosaic.zoo import get_model
+
+    clip, cuda = get_model("clip"), torch.device("cuda")
+    whole = clip.make_rows("tiny", {"vision": (0, 4)}, step=5, seed=1, global_batch=4,
+                           device=cuda)
+    halves = [clip.make_rows("tiny", {"vision": r}, step=5, seed=1, global_batch=4, device=cuda)
+              for r in ((0, 2), (2, 4))]
+    assert whole["vision"][0].is_cuda
+    joined = torch.cat([h["vision"][0] for h in halves])
+    assert torch.equal(whole["vision"][0], joined)
+    again = clip.make_rows("tiny", {"vision": (0, 4)}, step=5, seed=1, global_batch=4,
+                           device=cuda)
+    assert torch.equal(whole["vision"][0], again["vision"][0])

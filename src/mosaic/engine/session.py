@@ -214,17 +214,25 @@ RowLoader = Callable[[Mapping[str, tuple[int, int]]], Rows]
 """{module: (start, stop)} of the step's global batch -> those rows of each module's inputs."""
 
 
-def batch_loader(model: Any, preset: str, global_batch: int, seed: int, step: int) -> RowLoader:
+def batch_loader(model: Any, preset: str, global_batch: int, seed: int, step: int,
+                 device: Any = None) -> RowLoader:
     """Loads rows of step `step`. A model with `make_rows` (the zoo, `mosaic.data` sources)
     makes only the rows asked for; any other model makes the whole global batch once (its
-    `make_inputs`), which is then sliced."""
+    `make_inputs`), which is then sliced. `device`: draw there, where the model can
+    (`draws_on_device`: the zoo's synthetic rows); None or another model: on the host."""
     if hasattr(model, "make_rows"):
+        where = {"device": device} if device is not None and draws_on_device(model) else {}
         return lambda ranges: model.make_rows(preset, ranges, step=step, seed=seed,
-                                              global_batch=global_batch)
+                                              global_batch=global_batch, **where)
     from mosaic.data import slice_rows
 
     batch = make_batch(model, preset, global_batch, seed, step)
     return lambda ranges: slice_rows(batch, ranges)
+
+
+def draws_on_device(model: Any) -> bool:
+    """Whether `model.make_rows` takes a `device` to draw its rows on."""
+    return bool(getattr(model, "draws_on_device", False))
 
 
 def make_optimizer(name: str, params: list[nn.Parameter], lr: float,
@@ -351,8 +359,9 @@ class RankSession:
         return self.to_device(self.local_rows(load))
 
     def local_rows(self, load: RowLoader) -> list[dict[str, Any]]:
-        """This rank's samples of each micro-step, on the host. Touches no CUDA state, so a
-        background thread may run it while the GPU step (or a graph capture) goes on."""
+        """This rank's samples of each micro-step, where `load` makes them: on the host it
+        touches no CUDA state, so a background thread may run it while the GPU step (or a
+        graph capture) goes on; a loader drawing on the GPU is the training thread's."""
         return [{m: ts for m, ts in load(ranges).items() if m in ranges}
                 for ranges in self.sample_ranges()]
 

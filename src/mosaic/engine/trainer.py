@@ -38,7 +38,7 @@ from mosaic.engine.checkpoint import (
 )
 from mosaic.engine.comm import CommError, check_world_size, share_from_rank0
 from mosaic.engine.compile import compile_modules
-from mosaic.engine.rows import RowPrefetcher
+from mosaic.engine.rows import RowPrefetcher, RowsOnDevice
 from mosaic.engine.runner import StepOutput
 from mosaic.engine.session import (
     OPTIMIZERS,
@@ -48,6 +48,7 @@ from mosaic.engine.session import (
     RankSession,
     batch_loader,
     build_modules,
+    draws_on_device,
     end_distributed,
     host_all_reduce,
     local_modules,
@@ -549,17 +550,24 @@ def _sigterm_requests_stop():
 
 
 def _row_prefetcher(model: TrainableModel, config: TrainConfig, graph: MMGraph,
-                    session: RankSession, first: int) -> RowPrefetcher:
+                    session: RankSession, first: int) -> RowPrefetcher | RowsOnDevice:
+    """The rows of each step: drawn on the GPU where the model's synthetic rows can be
+    (engine/rows.py), else made on the host by threads, ahead, pinned on CUDA."""
+    device = session.runner.device
+    on_device = device.type == "cuda" and draws_on_device(model)
+
     def make(step: int) -> list[dict[str, Any]]:
         return session.local_rows(batch_loader(model, config.preset, graph.global_batch,
-                                               config.seed, step))
+                                               config.seed, step,
+                                               device if on_device else None))
 
-    return RowPrefetcher(make, range(first, config.steps),
-                         pin=session.runner.device.type == "cuda")
+    if on_device:
+        return RowsOnDevice(make)
+    return RowPrefetcher(make, range(first, config.steps), pin=device.type == "cuda")
 
 
 def _between_steps(config: TrainConfig, session: RankSession, pipeline: _StepPipeline,
-                   rows: RowPrefetcher, saves: _Saves, step: int,
+                   rows: RowPrefetcher | RowsOnDevice, saves: _Saves, step: int,
                    first: int) -> StepOutput | None:
     """What runs after launching `step`: reading it where it must be done (before the graph
     capture after the first step, a checkpoint, the end; or always, `read_each_step`), the

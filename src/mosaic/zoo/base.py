@@ -39,7 +39,7 @@ import functools
 import zlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 from mosaic.graph import GraphError, MMGraph, ModuleSpec
 from mosaic.zoo.configs import ModuleConfig, Shape
@@ -81,6 +81,8 @@ class ZooModel:
     presets: Mapping[str, Preset]
     paper_tflops: Mapping[str, float] = field(default_factory=dict)
     """Table 1 of the paper: TFLOPs per iteration by module, where the paper gives them."""
+    draws_on_device: ClassVar[bool] = True
+    """`make_rows` can draw its synthetic rows on the GPU itself (engine/rows.py says why)."""
 
     def __post_init__(self) -> None:
         names = self.module_names
@@ -196,11 +198,14 @@ class ZooModel:
         step: int,
         seed: int,
         global_batch: int,
+        device: Device = "cpu",
     ) -> dict[str, tuple[Tensor, ...]]:
         """Synthetic rows [start, stop) of each module's own inputs in step `step`'s global
-        batch (None: every module, all rows), on the host. Sample i of a module is drawn from
-        its own generator, seeded by (seed, step, module, i), so that a rank draws only the
-        samples it runs and every split of the batch sees the same ones (`mosaic.data`)."""
+        batch (None: every module, all rows), drawn on `device`. Sample i of a module is drawn
+        from its own generator, seeded by (seed, step, module, i), so that a rank draws only
+        the samples it runs and every split of the batch sees the same ones (`mosaic.data`).
+        The values depend on the device type (CPU and CUDA generators differ), not on the
+        split, the rank or the run."""
         import torch
 
         configs = self.preset(preset).modules
@@ -209,7 +214,7 @@ class ZooModel:
         out: dict[str, tuple[Tensor, ...]] = {}
         for name, (start, stop) in ranges.items():
             samples = [
-                configs[name].make_inputs(1, _sample_generator(seed, step, name, i))
+                configs[name].make_inputs(1, _sample_generator(seed, step, name, i, device))
                 for i in range(start, stop)
             ]
             if samples and samples[0]:  # modules fed only by other modules have no inputs
@@ -259,15 +264,16 @@ def _build_one(
             return config.build(in_shapes)
 
 
-def _sample_generator(seed: int, step: int, module: str, sample: int) -> torch.Generator:
-    """The generator of one synthetic sample: a hash of its coordinates, so that samples of
-    nearby steps, indices or seeds are not drawn from related streams."""
+def _sample_generator(seed: int, step: int, module: str, sample: int,
+                      device: Device = "cpu") -> torch.Generator:
+    """The generator of one synthetic sample, on `device`: a hash of its coordinates, so that
+    samples of nearby steps, indices or seeds are not drawn from related streams."""
     import hashlib
 
     import torch
 
     key = hashlib.blake2b(f"{seed}/{step}/{module}/{sample}".encode(), digest_size=8).digest()
-    return torch.Generator().manual_seed(int.from_bytes(key, "little") >> 1)
+    return torch.Generator(device).manual_seed(int.from_bytes(key, "little") >> 1)
 
 
 def _to(t: Tensor, device: Device, dtype: torch.dtype | None) -> Tensor:
