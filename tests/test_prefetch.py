@@ -106,8 +106,11 @@ def test_the_trainer_draws_synthetic_rows_on_the_gpu_and_loads_real_data_on_thre
         session = SimpleNamespace(runner=SimpleNamespace(device=torch.device(device)))
         return type(_row_prefetcher(model, config, graph, session, 0))
 
+    from mosaic.data import with_dataset
+
     assert source(get_model("clip"), "cuda") is RowsOnDevice
     assert source(ToyModel("toyclip"), "cuda") is RowPrefetcher
+    assert source(with_dataset(get_model("clip"), "digits", "tiny"), "cuda") is RowPrefetcher
     assert source(get_model("clip"), "cpu") is RowPrefetcher
 
 
