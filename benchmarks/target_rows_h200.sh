@@ -17,10 +17,12 @@ for row in "${ROWS[@]}"; do
   IFS=: read -r model preset batch limit <<< "$row"
   name=bench_${model}_${preset}_1gpu_b${batch}
   scope=module; [ "$preset" = paper ] && scope=blocks
+  # Each plan's traced step comes back for `small` (a few MB); `paper` traces stay behind.
+  runs=$OUT/$name; [ "$preset" = paper ] && runs=/tmp/$name
   at_once=(); [ -n "${PLANS_AT_ONCE:-}" ] && at_once=(--plans-at-once "$PLANS_AT_ONCE")
   timeout "$limit" python -m mosaic bench "$model" --gpus 1 --preset "$preset" --batch "$batch" \
     --perf-model profiled --compile-scope "$scope" --user-programs torch-compile --rounds 3 \
-    "${at_once[@]}" --out "/tmp/$name" --json > "$OUT/$name.json" 2> "/tmp/logs/$name.err"
+    "${at_once[@]}" --out "$runs" --json > "$OUT/$name.json" 2> "/tmp/logs/$name.err"
   echo "$model $preset b$batch rc=$?"; grep "^mosaic bench" "/tmp/logs/$name.err" | tail -n 2
 done
 tar czf "$OUT/logs.tar.gz" -C /tmp logs
