@@ -35,6 +35,7 @@ CUDA_VISIBLE_DEVICES=$GPU timeout "$LIMIT" python -m mosaic bench clip --gpus 1 
   --compile "$MODE" --rounds "${ROUNDS:-4}" --user-programs "$USER" \
   --out "$OUT/$NAME" --json > "$OUT/$NAME.json" 2> "$OUT/$NAME.err"
 echo "clip small $MODE rc=$? in $(( $(date +%s) - start )) s"
+rm -f "$OUT/$NAME/bench.json"  # the same JSON as $OUT/$NAME.json: one copy under results/
 python benchmarks/bench_summary.py "$OUT/$NAME.json"
 python benchmarks/autotune_choices.py "$OUT/$NAME.err" --out "$OUT/autotune_choices.json" > /dev/null \
   && echo "autotune choices: $OUT/autotune_choices.json"

@@ -24,6 +24,7 @@ for row in "${ROWS[@]}"; do
     --perf-model profiled --compile-scope "$scope" --user-programs torch-compile --rounds 3 \
     "${at_once[@]}" --out "$runs" --json > "$OUT/$name.json" 2> "/tmp/logs/$name.err"
   echo "$model $preset b$batch rc=$?"; grep "^mosaic bench" "/tmp/logs/$name.err" | tail -n 2
+  rm -f "$runs/bench.json"  # the same JSON as $OUT/$name.json: one copy under results/
 done
 tar czf "$OUT/logs.tar.gz" -C /tmp logs
 python3 benchmarks/bench_summary.py "$OUT"/bench_*.json
