@@ -95,7 +95,6 @@ def test_the_trainer_draws_synthetic_rows_on_the_gpu_and_loads_real_data_on_thre
     from mosaic.engine.rows import RowsOnDevice
     from mosaic.engine.trainer import TrainConfig, _row_prefetcher
     from mosaic.zoo import get_model
-
     from tests.test_engine import one_gpu_plans
 
     graph = get_model("clip").graph("tiny")
