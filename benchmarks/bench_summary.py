@@ -1,6 +1,6 @@
 """One line per `mosaic bench` results JSON: model, batch, GPUs, and per contender the
 measured and predicted ms and MFU, then the GPU memory each plan's graphs held (allocated,
-and what their capture added to reserved memory) beside the memory model's estimate of the
+and their private pools) beside the memory model's estimate of the
 whole GPU (weights, states and activations: not the same quantity), and each group's peak
 (what a device-call script prints at its end); a run stopped early says so.
 
@@ -23,13 +23,13 @@ def summary(path: Path) -> str:
              round((r.get("predicted_iteration_s") or 0) * 1e3, 2), round(r.get("mfu") or 0, 3))
             for r in d["results"]]
     memory = {r["planner"]: (_gib(r.get("graph_memory_bytes")),
-                             _gib(r.get("graph_reserved_bytes")),
+                             _gib(r.get("graph_pool_bytes")),
                              _gib(r.get("predicted_memory_bytes")))
               for r in d["results"] if r.get("graph_memory_bytes")}
     peaks = [_gib(p) for p in (d.get("checks") or {}).get("peak_memory_bytes") or []]
     status = "" if d.get("complete", True) else f" INCOMPLETE {d.get('interrupted')}"
     return (f"{d['model']} batch {d['global_batch']} on {d['gpus']} GPU(s){status}: {rows}"
-            + (f"; GiB per plan (graphs allocated, graphs reserved, memory model's whole GPU "
+            + (f"; GiB per plan (graphs allocated, graphs' pools, memory model's whole GPU "
                f"estimate) {memory}, peak {peaks}" if memory or any(peaks) else ""))
 
 

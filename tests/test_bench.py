@@ -88,6 +88,7 @@ def test_plans_measured_in_groups_are_each_set_up_from_the_same_weights_and_rele
     assert [g["reference"] for g in checks["gradient_groups"]] == ["torch-eager"] * 2
     assert checks["peak_memory_bytes"] == [None, None]  # CPU: no GPU memory to count
     assert all(m.graph_memory_bytes is None and m.graph_reserved_bytes is None
+               and m.graph_pool_bytes is None
                for m in measurements)
     assert all(m.step_times_s and m.grad_error for m in measurements)
     assert any(p["phase"].startswith("group 2 of 2 (mosaic)") for p in checks["phases"])
@@ -450,3 +451,15 @@ def test_mosaic_bench_killed_by_a_time_limit_writes_what_it_had(tmp_path):
     assert report["complete"] is False and report["results"] == []
     assert report["interrupted"]["after_phase"] == "1 plan(s) set up"
     assert "stopped by SIGTERM" in err and "bench.json" in err
+
+
+def test_graph_pools_are_the_segments_outside_the_default_pool_on_that_gpu():
+    from mosaic.engine.measure import private_pool_bytes
+
+    segments = [{"device": 0, "total_size": 100, "segment_pool_id": (0, 0)},
+                {"device": 0, "total_size": 30, "segment_pool_id": (1, 2)},
+                {"device": 0, "total_size": 5, "segment_pool_id": (1, 3)},
+                {"device": 1, "total_size": 70, "segment_pool_id": (1, 2)}]
+    assert private_pool_bytes(segments, 0) == 35
+    assert private_pool_bytes(segments, 1) == 70
+    assert private_pool_bytes([], 0) == 0

@@ -172,9 +172,13 @@ class PlanMeasurement:
     """GPU memory its CUDA-graph capture kept (this rank; None on CPU or eager): the graphs'
     pools hold activations, weight casts and, graphed on one GPU, its own gradients."""
     graph_reserved_bytes: int | None = None
-    """What the capture added to the allocator's reserved memory (the graphs' private pools,
-    activations included though they are freed after each replay): what plans measured side
-    by side must fit together."""
+    """What the capture changed the allocator's reserved memory by. Not the pools' size:
+    torch.cuda.graph empties the allocator's cache before it captures, so this can be
+    negative (CLIP `small` b32, megatron: -1.5 GiB on the H200). See graph_pool_bytes."""
+    graph_pool_bytes: int | None = None
+    """Bytes of the private memory pools the capture created (allocator segments outside the
+    default pool; activations included, though freed after each replay): what plans
+    measured side by side must fit together."""
 
     @property
     def median_s(self) -> float:
@@ -192,6 +196,7 @@ class PlanMeasurement:
             "same_plan_as": self.same_plan_as, "engine_variant": self.engine_variant,
             "graph_memory_bytes": self.graph_memory_bytes,
             "graph_reserved_bytes": self.graph_reserved_bytes,
+            "graph_pool_bytes": self.graph_pool_bytes,
             **self._launch_summary(),
         }
 
@@ -221,6 +226,7 @@ class _Contender:
     """The optimizer of its own modules (else the shared one steps)."""
     graph_memory_bytes: int | None = None
     graph_reserved_bytes: int | None = None
+    graph_pool_bytes: int | None = None
 
 
 @dataclass(slots=True)
@@ -727,7 +733,8 @@ def _measure_group(model, preset: str, graph: MMGraph, plans: dict[str, Plan], g
                 grad_error=errors.get(label, {}), startup_s=c.startup_s,
                 engine_variant=variants.get(label) or None,
                 graph_memory_bytes=c.graph_memory_bytes,
-                graph_reserved_bytes=c.graph_reserved_bytes))
+                graph_reserved_bytes=c.graph_reserved_bytes,
+                graph_pool_bytes=c.graph_pool_bytes))
         progress.say(s, "one traced step and GPU utilisation per plan recorded")
         return results, checks, reference
     except torch.OutOfMemoryError as exc:
@@ -740,13 +747,14 @@ def _measure_group(model, preset: str, graph: MMGraph, plans: dict[str, Plan], g
 def _capture(s: _Setup, progress: _Progress) -> None:
     """Every plan's CUDA graphs, timed (start-up) and weighed (memory the capture kept)."""
     for label, c in s.contenders.items():
-        start, before = time.perf_counter(), _memory(s)
+        start, before, pools = time.perf_counter(), _memory(s), _pool_bytes(s)
         c.session.capture_graphs()
         c.startup_s += time.perf_counter() - start
         if before is not None and c.session.runner.graphed:
             after = _memory(s)
             c.graph_memory_bytes = after[0] - before[0]
             c.graph_reserved_bytes = after[1] - before[1]
+            c.graph_pool_bytes = _pool_bytes(s) - pools
         progress.say(s, f"{label}: " + ("CUDA graphs captured" if c.session.runner.graphed
                                          else "ready (eager: no CUDA graphs)"))
 
@@ -772,6 +780,21 @@ def _memory(s: _Setup) -> tuple[int, int] | None:
         return None
     torch.cuda.synchronize(s.device)
     return torch.cuda.memory_allocated(s.device), torch.cuda.memory_reserved(s.device)
+
+
+def _pool_bytes(s: _Setup) -> int | None:
+    """Bytes this rank's allocator holds in private pools (CUDA graphs'); None on CPU."""
+    if s.device.type != "cuda":
+        return None
+    index = s.device.index if s.device.index is not None else torch.cuda.current_device()
+    return private_pool_bytes(torch.cuda.memory_snapshot(), index)
+
+
+def private_pool_bytes(segments: list[dict[str, Any]], device: int) -> int:
+    """The total size of the allocator segments on `device` that belong to a private pool
+    (a CUDA graph's): pool id (0, 0) is the default pool (torch.cuda.memory_snapshot)."""
+    return sum(seg["total_size"] for seg in segments if seg.get("device") == device
+               and tuple(seg.get("segment_pool_id") or (0, 0)) != (0, 0))
 
 
 def _peak_and_reset(s: _Setup) -> int | None:
