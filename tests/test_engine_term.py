@@ -24,6 +24,7 @@ from mosaic.perf.engine_term import (
     refit,
     rows_from_db,
     rows_from_results,
+    sequential_plan,
 )
 from mosaic.perf.profiled import ProfiledModel
 from mosaic.planners import plan_all
@@ -212,3 +213,34 @@ def test_a_term_that_predicts_held_out_runs_worse_than_none_is_not_kept():
             for g, (p, m) in enumerate([(0.01, 1.0), (0.02, 1.7), (0.015, 0.9), (0.03, 1.0)])]
     term = fit_engine_term(rows, "k", feature_sets=[("const",)])
     assert term.features == () and term.mape == term.baseline_mape
+
+
+def test_the_term_takes_back_a_share_of_what_a_colocation_is_predicted_to_save():
+    """The shipped compiled term has the colocation_saving feature: for a plan running CLIP's
+    encoders side by side it is the sequential plan's composed prediction minus the plan's;
+    a plan that colocates nothing has none."""
+    from mosaic.plan import Placement, Plan, Stage
+
+    cluster = make_cluster(1, "h200")
+    graph = get_model("clip").graph("small", global_batch=32)
+    model = ProfiledModel(cluster, engine="graphs+compile-default+grads-in-graph")
+    assert "colocation_saving" in model.engine_term.features
+    side_by_side = Plan(model="clip", planner="test", num_gpus=1, stages=(
+        Stage(sharing="free", placements=(Placement(module="vision", gpus=(0,), priority=1),
+                                          Placement(module="text", gpus=(0,)))),
+        Stage(placements=(Placement(module="align", gpus=(0,)),))))
+    one_by_one = sequential_plan(side_by_side)
+    assert [s.sharing for s in one_by_one.stages] == ["temporal", "temporal"]
+
+    def composed(plan):
+        return model.iteration_time_s(plan, graph) - model.engine_term_s(plan, graph)
+
+    saving = composed(one_by_one) - composed(side_by_side)
+    assert saving > 0
+    features = plan_features(side_by_side, graph, composed(side_by_side), composed(one_by_one))
+    assert features["colocation_saving"] == pytest.approx(saving)
+    assert model.engine_term_s(side_by_side, graph) == pytest.approx(
+        model.engine_term.seconds(features))
+    assert plan_features(one_by_one, graph, composed(one_by_one),
+                         composed(one_by_one))["colocation_saving"] == 0
+    assert plan_features(one_by_one, graph, 1.0)["colocation_saving"] == 0  # none known

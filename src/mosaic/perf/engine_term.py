@@ -19,7 +19,7 @@ from __future__ import annotations
 import datetime
 import json
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +34,7 @@ from mosaic.profile.db import TUNED_MODES, FitRecord, ProfileDB, kernels_label
 
 FIT_PREFIX = "engine_term."
 FEATURES = ("const", "stages", "busiest_modules", "params", "synced_params", "micro_steps",
-            "predicted")
+            "predicted", "colocation_saving")
 """const: 1 (seconds per step); stages: plan stages (a synchronisation each); busiest_modules:
 most placements on one GPU (launch and hook work per module); params: parameters on the GPU
 holding most (optimizer and gradient bookkeeping per parameter); synced_params: the same for
@@ -42,7 +42,11 @@ placements synchronised across GPUs (DDP's bucket copies and the collectives' co
 compute, beyond the all-reduce the model already counts); micro_steps: micro-batches beyond
 the first times the composed prediction (each one more pass of every module at a smaller,
 less efficient batch, beyond what the pipelined composition counts); predicted: the composed
-prediction itself (kernels uniformly faster or slower than profiled, e.g. Inductor)."""
+prediction itself (kernels uniformly faster or slower than profiled, e.g. Inductor);
+colocation_saving: what the composition says running modules side by side saves, the same
+placements run one after another minus the plan (interference is fitted on eager
+colocations; fitted on the bench rows, 55% of that saving did not show with compiled
+kernels and 38% eagerly)."""
 FEATURE_SETS: tuple[tuple[str, ...], ...] = (
     ("const",), ("predicted",), ("const", "predicted"), ("const", "params"),
     ("const", "stages"), ("const", "busiest_modules"), ("const", "stages", "params"),
@@ -51,6 +55,10 @@ FEATURE_SETS: tuple[tuple[str, ...], ...] = (
     ("const", "params", "synced_params"), ("predicted", "micro_steps"),
     ("const", "predicted", "micro_steps"), ("const", "predicted", "synced_params", "micro_steps"),
     ("const", "stages", "busiest_modules", "params"),
+    ("const", "colocation_saving"), ("const", "stages", "colocation_saving"),
+    ("const", "busiest_modules", "colocation_saving"),
+    ("const", "predicted", "colocation_saving"),
+    ("const", "predicted", "synced_params", "colocation_saving"),
 )
 """Candidates, fewest features first (a tie in held-out error keeps the simpler term)."""
 PERCENT = 100.0
@@ -100,8 +108,10 @@ class EngineTerm:
                 "busiest_modules": "{:+.3g} ms/module", "params": "{:+.3g} ns/param",
                 "synced_params": "{:+.3g} ns/synced param",
                 "micro_steps": "{:+.3g}% x predicted per extra micro-batch",
-                "predicted": "{:+.3g}% x predicted"}
-        scale = {"params": 1e9, "synced_params": 1e9, "predicted": PERCENT, "micro_steps": PERCENT}
+                "predicted": "{:+.3g}% x predicted",
+                "colocation_saving": "{:+.3g}% x the colocation saving"}
+        scale = {"params": 1e9, "synced_params": 1e9, "predicted": PERCENT, "micro_steps": PERCENT,
+                 "colocation_saving": PERCENT}
         terms = " ".join(unit[f].format(c * scale.get(f, 1e3))
                            for f, c in zip(self.features, self.coef, strict=True)) or "none"
         err = (f", held-out MAPE {self.mape:.1f}% (uncorrected {self.baseline_mape:.1f}%)"
@@ -187,8 +197,19 @@ def kernels_of_engine(engine: str | None) -> str:
     return "eager"
 
 
-def plan_features(plan: Plan, graph: MMGraph, predicted_s: float) -> dict[str, float]:
-    """FEATURES of one plan; `predicted_s` is its composed prediction without an engine term."""
+def sequential_plan(plan: Plan) -> Plan:
+    """`plan` with every stage's placements run one after another, each on its whole GPU
+    set's SMs: what its colocations are predicted to save is measured against this."""
+    return replace(plan, stages=tuple(
+        replace(s, sharing="temporal", placements=tuple(replace(p, sm_share=1.0)
+                                                        for p in s.placements))
+        for s in plan.stages))
+
+
+def plan_features(plan: Plan, graph: MMGraph, predicted_s: float,
+                  sequential_s: float | None = None) -> dict[str, float]:
+    """FEATURES of one plan; `predicted_s` is its composed prediction without an engine term,
+    `sequential_s` the same of `sequential_plan(plan)` (None: no colocation saving known)."""
     modules: dict[int, int] = {}
     params: dict[int, int] = {}
     synced: dict[int, int] = {}
@@ -205,7 +226,8 @@ def plan_features(plan: Plan, graph: MMGraph, predicted_s: float) -> dict[str, f
             "params": float(max(params.values(), default=0)),
             "synced_params": float(max(synced.values(), default=0)),
             "micro_steps": float(plan.micro_batches - 1) * predicted_s,
-            "predicted": float(predicted_s)}
+            "predicted": float(predicted_s),
+            "colocation_saving": max(0.0, float(sequential_s or predicted_s) - predicted_s)}
 
 
 # --- rows ----------------------------------------------------------------------------------
@@ -235,9 +257,12 @@ def rows_from_results(paths: str | Path | Iterable[str | Path],
             kind = engine_kind(engine, report.get("gpus"))
             predicted = (repredict.predict(report, r, engine_term=False) if repredict is not None
                          else r.get("predicted_iteration_s"))
+            sequential = (repredict.predict(report, r, engine_term=False, sequential=True)
+                          if repredict is not None else None)
             if predicted:
                 rows.append(_row(name, kind, Plan.from_dict(r["plan"]), graph, float(predicted),
-                                 float(r["measured_iteration_s"]), str(r.get("planner", ""))))
+                                 float(r["measured_iteration_s"]), str(r.get("planner", "")),
+                                 sequential))
     return rows
 
 
@@ -258,14 +283,17 @@ def rows_from_db(db: ProfileDB, repredict: Any = None) -> list[IterationRow]:
                           "global_batch": it.global_batch}, graphs)
         composed = (it.predicted_s - it.engine_term_s if repredict is None else
                     repredict.predict_plan(db.hardware, it.engine, plan, graph, engine_term=False))
+        sequential = (None if repredict is None else repredict.predict_plan(
+            db.hardware, it.engine, sequential_plan(plan), graph, engine_term=False))
         rows.append(_row(f"db:{it.date}", it.engine, plan, graph, composed, it.measured_s,
-                         it.label))
+                         it.label, sequential))
     return rows
 
 
 def _row(group: str, kind: str, plan: Plan, graph: MMGraph, predicted_s: float,
-         measured_s: float, label: str) -> IterationRow:
-    return IterationRow(group=group, engine=kind, features=plan_features(plan, graph, predicted_s),
+         measured_s: float, label: str, sequential_s: float | None = None) -> IterationRow:
+    return IterationRow(group=group, engine=kind,
+                        features=plan_features(plan, graph, predicted_s, sequential_s),
                         predicted_s=predicted_s, measured_s=measured_s, label=label)
 
 

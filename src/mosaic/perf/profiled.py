@@ -36,7 +36,13 @@ from mosaic.graph import MMGraph, ModuleSpec
 from mosaic.hardware import ClusterSpec, GPUSpec
 from mosaic.perf.analytic import AnalyticModel
 from mosaic.perf.base import PerfModel, Work
-from mosaic.perf.engine_term import EngineTerm, kernels_of_engine, plan_features, stored_term
+from mosaic.perf.engine_term import (
+    EngineTerm,
+    kernels_of_engine,
+    plan_features,
+    sequential_plan,
+    stored_term,
+)
 from mosaic.perf.interference import (
     CoSample,
     CoWork,
@@ -573,14 +579,18 @@ class ProfiledModel(PerfModel):
         """The fitted per-step engine term of `plan` (0 without one for this engine kind)."""
         if self.engine_term is None:
             return 0.0
-        base = super().iteration_time_s(plan, graph)
-        return self.engine_term.seconds(plan_features(plan, graph, base))
+        return self._term_s(plan, graph, super().iteration_time_s(plan, graph))
 
     def iteration_time_s(self, plan: Plan, graph: MMGraph) -> float:
         base = super().iteration_time_s(plan, graph)
         if self.engine_term is None:
             return base
-        return base + self.engine_term.seconds(plan_features(plan, graph, base))
+        return base + self._term_s(plan, graph, base)
+
+    def _term_s(self, plan: Plan, graph: MMGraph, base: float) -> float:
+        sequential = (super().iteration_time_s(sequential_plan(plan), graph)
+                      if "colocation_saving" in self.engine_term.features else None)
+        return self.engine_term.seconds(plan_features(plan, graph, base, sequential))
 
     def module_time_s(self, module: ModuleSpec, per_gpu_batch: int, sm_share: float = 1.0) -> float:
         return self.surfaces.time_s(module, per_gpu_batch, self.cluster.gpu.round_sms(sm_share))

@@ -50,10 +50,11 @@ class Repredictor:
         return graph_of(report, self._graphs)
 
     def predict(self, report: dict[str, Any], row: dict[str, Any], *,
-                engine_term: bool = True) -> float | None:
-        """Seconds per iteration of `row`'s plan; None for rows without a plan (user programs)
-        or results this model cannot place (unknown GPU, a plan format it cannot read)."""
-        from mosaic.perf.engine_term import engine_kind, row_engine
+                engine_term: bool = True, sequential: bool = False) -> float | None:
+        """Seconds per iteration of `row`'s plan (`sequential`: of its placements run one
+        after another); None for rows without a plan (user programs) or results this model
+        cannot place (unknown GPU, a plan format it cannot read)."""
+        from mosaic.perf.engine_term import engine_kind, row_engine, sequential_plan
 
         hardware = hardware_of(report)
         if not row.get("plan") or hardware is None:
@@ -63,6 +64,8 @@ class Repredictor:
         except (PlanError, ValueError):
             return None
         engine = row_engine(report, row) or {}
+        if sequential:
+            plan = sequential_plan(plan)
         return self.predict_plan(hardware, engine_kind(engine, report.get("gpus")), plan,
                                  self.graph(report), engine_term=engine_term,
                                  accumulation=int(engine.get("accumulation", 1)))
