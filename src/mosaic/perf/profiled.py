@@ -575,20 +575,24 @@ class ProfiledModel(PerfModel):
         return num_params * bytes_per_param / self.optimizer_bytes_per_param * fit.s_per_param
 
     # --- the engine term: added to the composed iteration, kept separable --------------------
+    def composed_time_s(self, plan: Plan, graph: MMGraph) -> float:
+        """The iteration composed from surfaces, transfers and optimizer, without the term."""
+        return super().iteration_time_s(plan, graph)
+
     def engine_term_s(self, plan: Plan, graph: MMGraph) -> float:
         """The fitted per-step engine term of `plan` (0 without one for this engine kind)."""
         if self.engine_term is None:
             return 0.0
-        return self._term_s(plan, graph, super().iteration_time_s(plan, graph))
+        return self._term_s(plan, graph, self.composed_time_s(plan, graph))
 
     def iteration_time_s(self, plan: Plan, graph: MMGraph) -> float:
-        base = super().iteration_time_s(plan, graph)
+        base = self.composed_time_s(plan, graph)
         if self.engine_term is None:
             return base
         return base + self._term_s(plan, graph, base)
 
     def _term_s(self, plan: Plan, graph: MMGraph, base: float) -> float:
-        sequential = (super().iteration_time_s(sequential_plan(plan), graph)
+        sequential = (self.composed_time_s(sequential_plan(plan), graph)
                       if "colocation_saving" in self.engine_term.features else None)
         return self.engine_term.seconds(plan_features(plan, graph, base, sequential))
 

@@ -75,5 +75,5 @@ class Repredictor:
         """Seconds per iteration of `plan` on `engine` (an engine_term.engine_kind), with
         `accumulation` micro-steps per optimizer step."""
         model = self._model(hardware, plan.num_gpus, engine, accumulation)
-        seconds = model.iteration_time_s(plan, graph)
-        return seconds if engine_term else seconds - model.engine_term_s(plan, graph)
+        return (model.iteration_time_s(plan, graph) if engine_term
+                else model.composed_time_s(plan, graph))
