@@ -107,3 +107,18 @@ def test_idle_cache_is_returned_once_it_is_a_quarter_of_the_device(cuda):
     cuda.memory.update(reserved=40, allocated=10)  # 30 idle: returned
     graph_timing.release_idle_cache()
     assert cuda.calls == [1]
+
+
+def test_idle_cache_released_between_captures_keeps_the_cublas_workspaces(cuda, monkeypatch):
+    """A colocation captures every member before replaying any; the first member's GEMMs point
+    into its stream's cuBLAS workspace, so freeing workspaces before the second capture made
+    the replay fault (compiled ImageBind `small`, H200, 2026-12-02)."""
+    freed: list[str] = []
+    monkeypatch.setattr(graph_timing, "fresh_cublas_workspaces", lambda: freed.append("cublas"))
+    monkeypatch.setattr(_FakeGraph, "refusals", 0)
+    cuda.memory.update(reserved=90, allocated=10)
+    _bench().capture(stream=None)  # emptying is due: 80 of 100 idle
+    assert cuda.calls == [1]
+    assert freed == []
+    graph_timing.free_device_memory()  # between measurements, no graph alive: both go
+    assert freed == ["cublas"]

@@ -261,11 +261,17 @@ def memory_state() -> str:
 
 
 def release_idle_cache() -> None:
-    """free_device_memory() when the cached but unused memory exceeds IDLE_CACHE_FRACTION of
-    the device (cheap to check; emptying on every capture would cost more than capturing)."""
+    """Empty the allocator's cache when its unused memory exceeds IDLE_CACHE_FRACTION of the
+    device (cheap to check; emptying on every capture would cost more than capturing).
+
+    Called between captures, while other graphs are alive (a colocation captures each member
+    before replaying any): so the cuBLAS workspaces stay, unlike free_device_memory(). A
+    graph's GEMMs point into the workspace of the stream they were captured on; releasing it
+    made the next replay of compiled ImageBind's graphs fault (unspecified launch failure)."""
     idle = torch.cuda.memory_reserved() - torch.cuda.memory_allocated()
     if idle > IDLE_CACHE_FRACTION * torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory:
-        free_device_memory()
+        gc.collect()
+        torch.cuda.empty_cache()
 
 
 def free_device_memory() -> None:
