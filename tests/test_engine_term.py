@@ -216,14 +216,15 @@ def test_a_term_that_predicts_held_out_runs_worse_than_none_is_not_kept():
 
 
 def test_the_term_takes_back_a_share_of_what_a_colocation_is_predicted_to_save():
-    """The shipped compiled term has the colocation_saving feature: for a plan running CLIP's
-    encoders side by side it is the sequential plan's composed prediction minus the plan's;
-    a plan that colocates nothing has none."""
+    """The shipped eager term has the colocation_saving feature (the compiled one no longer
+    needs it, with compiled colocations in the profile): for a plan running CLIP's encoders
+    side by side it is the sequential plan's composed prediction minus the plan's; a plan that
+    colocates nothing has none."""
     from mosaic.plan import Placement, Plan, Stage
 
     cluster = make_cluster(1, "h200")
     graph = get_model("clip").graph("small", global_batch=32)
-    model = ProfiledModel(cluster, engine="graphs+compile-default+grads-in-graph")
+    model = ProfiledModel(cluster, engine="eager")
     assert "colocation_saving" in model.engine_term.features
     side_by_side = Plan(model="clip", planner="test", num_gpus=1, stages=(
         Stage(sharing="free", placements=(Placement(module="vision", gpus=(0,), priority=1),

@@ -60,16 +60,23 @@ def test_the_shipped_profiles_recipe_covers_everything_it_holds_and_every_comman
 
 
 def test_models_with_and_without_colocations_get_their_own_commands(tmp_path):
+    """Per kernels: eager colocations, compiled ones, and surfaces-only runs, each with the
+    budget its own run recorded."""
     path = tmp_path / "p.sqlite"
     db = ProfileDB.create(path, hardware="h200", num_sms=132, config={"budget_s": 120})
     a = db.add_module("clip", "small", spec("vision"))
     b = db.add_module("ofasys", "small", spec("audio", dim=768))
     c = db.add_module("clip", "paper", spec("vision", dim=1024), kernels="compile-default")
+    d = db.add_module("ofasys", "paper", spec("audio", dim=512), kernels="compile-default")
     db.add_points([ModulePoint(signature=s, per_gpu_batch=4, num_sms=132, time_s=0.01)
-                   for s in (a, b, c)])
-    work = ColocWork(module="vision", signature=a, per_gpu_batch=4, num_sms=64)
-    db.add_colocation(ColocPoint(model="clip", preset="small", sharing="free",
-                                 works=(work, work), group_time_s=0.01))
+                   for s in (a, b, c, d)])
+    for signature, model, preset in ((a, "clip", "small"), (c, "clip", "paper")):
+        work = ColocWork(module="vision", signature=signature, per_gpu_batch=4, num_sms=64)
+        db.add_colocation(ColocPoint(model=model, preset=preset, sharing="free",
+                                     works=(work, work), group_time_s=0.01))
+    # a compiled colocation run and a surfaces-only run of the same kernels and preset
+    db.set_meta("profile.compile-default.paper.colocations", '{"budget_s": 90}')
+    db.set_meta("profile.compile-default.paper", '{"budget_s": 60}')
     db.add_comm([CommPoint(kind="allreduce", num_gpus=2, num_bytes=4096, time_s=1e-5,
                            source="measured"),
                  CommPoint(kind="allreduce", num_gpus=8, num_bytes=4096, time_s=1e-5,
@@ -80,8 +87,10 @@ def test_models_with_and_without_colocations_get_their_own_commands(tmp_path):
         "mosaic profile clip --preset small --budget 120 --db out.sqlite",
         "mosaic profile ofasys --preset small --surfaces-only --budget 120 --update "
         "--db out.sqlite",
-        "mosaic profile clip --preset paper --kernels compile-default --surfaces-only --update "
+        "mosaic profile clip --preset paper --kernels compile-default --budget 90 --update "
         "--db out.sqlite",
+        "mosaic profile ofasys --preset paper --kernels compile-default --surfaces-only "
+        "--budget 60 --update --db out.sqlite",
         "torchrun --standalone --nproc-per-node 2 -m mosaic profile --collectives "
         "--db out.sqlite"]
 

@@ -9,10 +9,21 @@ import pytest
 from mosaic.graph import MMGraph
 from mosaic.hardware import make_cluster
 from mosaic.perf import make_perf_model
-from mosaic.perf.accuracy import kernels_with_colocations, model_error, print_model_error
+from mosaic.perf.accuracy import (
+    kernels_with_colocations,
+    model_error,
+    print_model_error,
+    store_interference_fits,
+)
 from mosaic.perf.base import PerfModel, Work
 from mosaic.perf.interference import InterferenceParams, finish_times_s, group_time_s
-from mosaic.perf.profiled import MIN_KERNEL_COLOCATIONS, ProfiledModel, SurfaceSet, fit_surface
+from mosaic.perf.profiled import (
+    MIN_KERNEL_COLOCATIONS,
+    ProfiledModel,
+    SurfaceSet,
+    fit_surface,
+    interference_choice_name,
+)
 from mosaic.plan import Placement, Plan, Stage
 from mosaic.profile.db import ColocPoint, ColocWork, ModulePoint, ProfileDB, ProfileDBError
 from tests.helpers import encoders_and_head, spec
@@ -282,6 +293,27 @@ def test_a_compiled_engine_fits_interference_on_compiled_colocations_once_there_
 
     assert mape(compiled.params) < 0.5 * mape(eager.params)
     assert kernels_with_colocations(tmp_path / "enough.sqlite") == ["eager", "compile-default"]
+
+
+def test_the_profiling_run_chooses_the_interference_fit_by_held_out_error(tmp_path):
+    """Storing the compiled fits also stores which colocations fit better held out: with
+    compiled contention three times the eager one, the compiled ones, by a wide margin. A
+    stored choice is what a model follows, even against the count rule."""
+    from dataclasses import replace
+
+    path = tmp_path / "k.sqlite"
+    _two_kernel_db(path, np.random.default_rng(2), 18, replace(TRUTH, alpha=3 * TRUTH.alpha))
+    assert store_interference_fits(path, "h200", "compile-default") == 18
+    engine = "graphs+compile-default"
+    model = ProfiledModel(CLUSTER, path, engine=engine)
+    choice = model.interference_choice
+    assert choice["kernels"] == model.interference_kernels == "compile-default"
+    assert choice["compile-default_mape"] < 0.5 * choice["eager_mape"]
+    assert "held-out error on the 18 compile-default colocations" in model.describe()
+    with ProfileDB.open(path, readonly=False) as db:
+        stored = next(f for f in db.fits() if f.name == interference_choice_name("compile-default"))
+        db.add_fit(replace(stored, params={**stored.params, "kernels": "eager"}))
+    assert ProfiledModel(CLUSTER, path, engine=engine).interference_kernels == "eager"
 
 
 def test_a_layer_by_layer_engine_falls_back_to_the_whole_module_compiled_surface(tmp_path):

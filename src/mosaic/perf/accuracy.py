@@ -29,13 +29,13 @@ from mosaic.perf.base import Work
 from mosaic.perf.interference import VARIANTS, CoSample, fit_interference, group_time_s
 from mosaic.perf.profiled import (
     SurfaceSet,
-    colocation_kernels,
     fit_surface,
     held_out_errors,
+    interference_choice_name,
     interference_fit_name,
 )
 from mosaic.perf.results import bench_result_files, load_bench_result, superseded
-from mosaic.profile.db import ColocPoint, FitRecord, ModulePoint, ProfileDB
+from mosaic.profile.db import ColocPoint, FitRecord, ModulePoint, ProfileDB, colocation_kernels
 
 
 def _ape(pred: float, meas: float) -> float:
@@ -72,10 +72,12 @@ def _folds(colocs: Sequence[ColocPoint], folds: int) -> list[int]:
 
 
 def coloc_errors(surfaces: SurfaceSet, colocs: Sequence[ColocPoint], variant: str,
-                 folds: int = 3) -> list[dict[str, Any]]:
-    """k-fold held-out group-time errors of one interference variant."""
+                 folds: int = 3, measured_alone: bool = False) -> list[dict[str, Any]]:
+    """k-fold held-out group-time errors of one interference variant; the held-out members'
+    alone times from their surfaces (the model's whole error), or as measured beside the
+    colocation (`measured_alone`: the interference term's error alone)."""
     train = [surfaces.sample(c, use_measured_alone=True) for c in colocs]
-    test = [surfaces.sample(c, use_measured_alone=False) for c in colocs]
+    test = [surfaces.sample(c, use_measured_alone=measured_alone) for c in colocs]
     fold_of = _folds(colocs, folds)
     rows = []
     for fold in sorted(set(fold_of)):
@@ -169,7 +171,8 @@ def store_interference_fits(db_path: str | Path, hardware: str, kernels: str = "
     """Fit every interference variant on all colocations measured with `kernels` and store
     the coefficients in the DB (`fits`, named by profiled.interference_fit_name), beside their
     held-out MAPE when `held_out` (a model_error result for those kernels) gives it, so a
-    model built later reads them instead of fitting on load. Returns the colocations used."""
+    model built later reads them instead of fitting on load; for compiled kernels, also which
+    colocations the model fits on (interference_choice). Returns the colocations used."""
     now = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     with ProfileDB.open(db_path, readonly=False) as db:
         surfaces = SurfaceSet.from_db(db, make_cluster(1, hardware), prefer=kernels)
@@ -180,7 +183,36 @@ def store_interference_fits(db_path: str | Path, hardware: str, kernels: str = "
             db.add_fit(FitRecord(name=interference_fit_name(variant, kernels),
                                  params=asdict(fit_interference(samples, variant)),
                                  mape=row.get("coloc_mape"), n_points=len(samples), created=now))
+        eager = surfaces.colocations_of(db.colocations(), "eager")
+        if kernels != "eager" and samples and eager:
+            choice = interference_choice(surfaces, colocs, eager)
+            db.add_fit(FitRecord(name=interference_choice_name(kernels), params=choice,
+                                 mape=choice[f"{choice['kernels']}_mape"],
+                                 n_points=len(samples), created=now))
     return len(samples)
+
+
+def interference_choice(surfaces: SurfaceSet, own: Sequence[ColocPoint],
+                        eager: Sequence[ColocPoint], variant: str = "aware",
+                        folds: int = 3) -> dict[str, Any]:
+    """Which colocations a model of compiled kernels fits its interference on: their own, or
+    the eager ones, whichever predicts their own colocations better held out (eager: fitted on
+    none of them; own: k-fold). Alone times as measured beside each colocation, so that a
+    stale surface does not decide between two interference fits."""
+    fitted = fit_interference([s for s in map(surfaces.sample, eager) if s is not None], variant)
+    eager_ape = []
+    for c in own:
+        sample = surfaces.sample(c, use_measured_alone=True)
+        if sample is not None:
+            eager_ape.append(_ape(group_time_s(fitted, sample.works, sample.sharing),
+                                  c.group_time_s))
+    own_ape = [r["ape"] for r in coloc_errors(surfaces, own, variant, folds,
+                                              measured_alone=True)]
+    own_kernels = surfaces.colocation_kernels(own[0])
+    scores = {"eager": float(np.mean(eager_ape)), own_kernels: float(np.mean(own_ape))}
+    return {"kernels": min(scores, key=scores.__getitem__), "variant": variant,
+            "eager_mape": scores["eager"], f"{own_kernels}_mape": scores[own_kernels],
+            "own_colocations": len(own), "eager_colocations": len(eager)}
 
 
 def kernels_with_colocations(db: ProfileDB | str | Path) -> list[str]:

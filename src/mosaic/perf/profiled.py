@@ -60,6 +60,7 @@ from mosaic.profile.db import (
     ModulePoint,
     ProfileDB,
     ProfileDBError,
+    colocation_kernels,
     comm_bus_factor,
     default_db_path,
     module_signature,
@@ -438,26 +439,22 @@ class SurfaceSet:
         """The colocations whose every member ran `kernels`."""
         return [c for c in colocs if self.colocation_kernels(c) == kernels]
 
-    def interference_pool(self, colocs: Sequence[ColocPoint]) -> tuple[str, list[ColocPoint]]:
+    def interference_pool(self, colocs: Sequence[ColocPoint], choice: str | None = None
+                          ) -> tuple[str, list[ColocPoint]]:
         """The colocations an interference fit for the preferred kernels uses, and their
-        kernels: the preferred kernels' own once there are MIN_KERNEL_COLOCATIONS (compiled
-        kernels leave a neighbour less idle capacity than eager ones), else the eager ones,
+        kernels: those `choice` names (the profiling run's held-out choice, stored), else the
+        preferred kernels' own once there are MIN_KERNEL_COLOCATIONS, else the eager ones,
         else all."""
         by_kernels: dict[str | None, list[ColocPoint]] = {}
         for c in colocs:
             by_kernels.setdefault(self.colocation_kernels(c), []).append(c)
+        if choice in (self.prefer, "eager") and by_kernels.get(choice):
+            return choice, by_kernels[choice]
         if len(by_kernels.get(self.prefer, [])) >= MIN_KERNEL_COLOCATIONS:
             return self.prefer, by_kernels[self.prefer]
         if by_kernels.get("eager"):
             return "eager", by_kernels["eager"]
         return "mixed", list(colocs)
-
-
-def colocation_kernels(point: ColocPoint, kernels: Mapping[str, str]) -> str | None:
-    """The kernels (`kernels`: by signature; absent: eager) every member of a measured
-    colocation ran, or None for a mix."""
-    kinds = {kernels.get(w.signature, "eager") for w in point.works}
-    return kinds.pop() if len(kinds) == 1 else None
 
 
 def _close(a: ModuleSpec, b: ModuleSpec) -> bool:
@@ -492,7 +489,10 @@ class ProfiledModel(PerfModel):
             self.surfaces = SurfaceSet.from_db(db, cluster, kernels_of_engine(engine))
             fits = {f.name: f for f in db.fits()}
             self.stored_error = {name: f.mape for name, f in fits.items()}
-            self.interference_kernels, pool = self.surfaces.interference_pool(db.colocations())
+            choice = fits.get(interference_choice_name(self.surfaces.prefer))
+            self.interference_choice = choice.params if choice is not None else None
+            self.interference_kernels, pool = self.surfaces.interference_pool(
+                db.colocations(), choice.params.get("kernels") if choice is not None else None)
             fit_name = interference_fit_name(interference, self.interference_kernels)
             stored = _stored_params(fits.get(fit_name), interference)
             self.params: InterferenceParams = stored or fit_interference(
@@ -519,6 +519,12 @@ class ProfiledModel(PerfModel):
                   if p.fitted_on else "default coefficients")
         err = self.stored_error.get(interference_fit_name(p.variant, self.interference_kernels))
         err_s = f", held-out coloc MAPE {err:.1f}%" if err is not None else ""
+        if self.interference_choice:  # compiled kernels: which colocations won, and by what
+            c = self.interference_choice
+            scores = ", ".join(f"{k.removesuffix('_mape')} {v:.1f}%" for k, v in c.items()
+                               if k.endswith("_mape"))
+            err_s += (f" (chosen by held-out error on the {c['own_colocations']} {s.prefer} "
+                      f"colocations, alone times as measured: {scores})")
         preferred = sum(1 for sig in s.surfaces if s.kernels.get(sig, "eager") == s.prefer)
         return (f"profiled ({self.db_path.name}: {preferred} measured {s.prefer} modules of "
                 f"{len(s.surfaces)}; "
@@ -716,6 +722,12 @@ class ProfiledModel(PerfModel):
         across = ("; analytic across nodes (hierarchical: in-node curves + IB leads)"
                   if self.cluster.num_nodes > 1 else "")
         return f"comm: {'; '.join(parts)}{tail}{across}"
+
+
+def interference_choice_name(kernels: str) -> str:
+    """The `fits` row that says on which colocations (eager, or these kernels' own) a model of
+    compiled kernels fits its interference (accuracy.interference_choice)."""
+    return f"interference_choice.{kernels}"
 
 
 def interference_fit_name(variant: str, kernels: str = "eager") -> str:

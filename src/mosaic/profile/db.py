@@ -34,7 +34,7 @@ from __future__ import annotations
 import hashlib
 import json
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -85,6 +85,20 @@ def compile_of_kernels(kernels: str) -> tuple[str | None, str]:
     if mode.endswith(BLOCKS_SUFFIX):
         return mode.removesuffix(BLOCKS_SUFFIX), "blocks"
     return mode, "module"
+def colocation_kernels(point: ColocPoint, kernels: Mapping[str, str]) -> str | None:
+    """The kernels (`kernels`: by signature; absent: eager) every member of a measured
+    colocation ran, or None for a mix."""
+    kinds = {kernels.get(w.signature, "eager") for w in point.works}
+    return kinds.pop() if len(kinds) == 1 else None
+
+
+def profile_meta_key(kernels: str, preset: str, colocations: bool) -> str:
+    """The meta key under which `mosaic profile --update` records its settings: a run that
+    measured colocations apart from a surfaces-only run of the same kernels and preset, so
+    neither hides the other's budget."""
+    return f"profile.{kernels}.{preset}" + (".colocations" if colocations else "")
+
+
 TOPOLOGY_KEY = "comm_topology"
 DATA_DIR = Path(__file__).parent / "data"
 FIX = "re-run `python benchmarks/profile_h200.py --db PATH` on the GPU (or pass another --db)"

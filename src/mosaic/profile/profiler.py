@@ -41,6 +41,7 @@ from mosaic.profile.db import (
     SignaturePoint,
     compile_of_kernels,
     module_signature,
+    profile_meta_key,
 )
 from mosaic.profile.graph_timing import (
     Antagonist,
@@ -407,7 +408,8 @@ def profile_models(models: Sequence[str], db_path: str, cfg: ProfilerConfig,
     versions = _versions(torch.cuda.get_device_name(0))
     if update:
         db = ProfileDB.open(db_path, hardware=gpu.name, readonly=False)
-        db.set_meta(f"profile.{cfg.kernels}.{cfg.preset}",
+        db.set_meta(profile_meta_key(cfg.kernels, cfg.preset,
+                                     colocations=cfg.max_pairs + cfg.max_triples > 0),
                     json.dumps({**config, **versions}, sort_keys=True, default=str))
     else:
         db = ProfileDB.create(db_path, hardware=gpu.name, num_sms=gpu.num_sms, config=config,

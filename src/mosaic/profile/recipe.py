@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mosaic.profile.db import TOPOLOGY_KEY, ProfileDB
+from mosaic.profile.db import TOPOLOGY_KEY, ProfileDB, colocation_kernels, profile_meta_key
 from mosaic.profile.optimizer import FIT_NAME as OPTIMIZER_FIT
 
 ENGINE_TERM_PREFIX = "engine_term."
@@ -56,18 +56,20 @@ def _profile_steps(db: ProfileDB, out: str) -> list[RecipeStep]:
     points: dict[str, int] = {}
     for point in db.points():
         points[point.signature] = points.get(point.signature, 0) + 1
-    colocated = {(c.model, c.preset) for c in db.colocations()}
+    kernels_of = {record.signature: record.kernels for record in db.modules()}
+    colocations = [(c, colocation_kernels(c, kernels_of)) for c in db.colocations()]
+    colocated = {(c.model, c.preset, kernels) for c, kernels in colocations}
     order = sorted(held, key=lambda key: (key != EAGER_SMALL, key[0] != "eager", key))
     steps: list[RecipeStep] = []
     for kernels, preset in order:
         models = sorted(held[kernels, preset], key=MODEL_NAMES.index)
-        with_coloc = [m for m in models if kernels == "eager" and (m, preset) in colocated]
+        with_coloc = [m for m in models if (m, preset, kernels) in colocated]
         for group, surfaces_only in ((with_coloc, False),
                                      ([m for m in models if m not in with_coloc], True)):
             if not group:
                 continue
             signatures = set().union(*(held[kernels, preset][m] for m in group))
-            budget = _budget(db, kernels, preset)
+            budget = _budget(db, kernels, preset, colocations=not surfaces_only)
             command = (f"mosaic profile {' '.join(group)} --preset {preset}"
                        + ("" if kernels == "eager" else f" --kernels {kernels}")
                        + (" --surfaces-only" if surfaces_only else "")
@@ -77,9 +79,12 @@ def _profile_steps(db: ProfileDB, out: str) -> list[RecipeStep]:
             what = (f"{kernels} `{preset}` surfaces of {len(signatures)} modules "
                     f"({count} points)")
             if not surfaces_only:
-                n = sum(1 for c in db.colocations() if c.model in group and c.preset == preset)
+                n = sum(1 for c, k in colocations
+                        if c.model in group and c.preset == preset and k == kernels)
+                signatures_measured = sum(1 for p in db.signatures()
+                                          if p.signature in signatures)
                 what += (f", {n} colocations and the interference fits, "
-                         f"{len(db.signatures())} bandwidth signature points")
+                         f"{signatures_measured} bandwidth signature points")
             steps.append(RecipeStep(command, what, "1 GPU"))
     optimizer = next((f for f in db.fits() if f.name == OPTIMIZER_FIT), None)
     if steps and optimizer is not None:  # every profile run measures it again
@@ -89,9 +94,10 @@ def _profile_steps(db: ProfileDB, out: str) -> list[RecipeStep]:
     return steps
 
 
-def _budget(db: ProfileDB, kernels: str, preset: str) -> float | None:
+def _budget(db: ProfileDB, kernels: str, preset: str, colocations: bool) -> float | None:
     """The --budget the part's last run used, where the DB recorded it."""
-    key = "config" if (kernels, preset) == EAGER_SMALL else f"profile.{kernels}.{preset}"
+    key = ("config" if (kernels, preset) == EAGER_SMALL
+           else profile_meta_key(kernels, preset, colocations))
     try:
         return float(json.loads(db.meta[key])["budget_s"])
     except (KeyError, TypeError, ValueError):
