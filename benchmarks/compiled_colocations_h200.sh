@@ -1,5 +1,8 @@
 #!/usr/bin/env bash
-# PREPARED, NOT YET RUN. One H200, one device call (about 9 minutes), results under $1.
+# Ran 2026-12-02 (results/compiled-colocations-h200/): CLIP's 8 colocations, then ImageBind's
+# replay faulted (the profiler freed cuBLAS workspaces between captures; fixed since, and
+# ImageBind's 32 were measured by the same profile command alone). One H200, one device call
+# (about 9 minutes), results under $1.
 # At 4x the preset batch the model predicted colocated plans 2-8% faster than the sequential
 # ones, and they measured between 0.7% slower and 1.5% faster: its interference coefficients
 # were fitted on eager colocations only. This measures colocations of the compiled modules

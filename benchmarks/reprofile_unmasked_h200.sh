@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # PREPARED, NOT YET RUN. One H200, one device call per few models, results under $1.
 #   bash benchmarks/reprofile_unmasked_h200.sh OUT clip imagebind
+#   PRESET=paper bash benchmarks/reprofile_unmasked_h200.sh OUT imagebind   (KERNELS likewise)
+# Found on 2026-12-02: ImageBind's compiled audio surface says 66 ms at batch 128 where the
+# encoder ran 33 ms beside every colocation; today's model predicts ImageBind b128 +44%.
 # The compiled `small` surfaces of the zoo's transformers encoders were measured while
 # transformers still built all-true attention masks under compile (2026-12-01 removed them:
 # the audio encoder ran 1.055x faster unmasked); their cost facts did not change, so their
@@ -15,7 +18,7 @@ mkdir -p "$OUT" /tmp/logs
 export PYTHONPATH=src PYTHONUNBUFFERED=1
 DB=src/mosaic/profile/data/h200.sqlite
 cp "$DB" "$OUT/h200.sqlite"
-timeout 560 python -m mosaic profile "$@" --preset small --kernels compile-default \
+timeout 560 python -m mosaic profile "$@" --preset "${PRESET:-small}" --kernels "${KERNELS:-compile-default}" \
   --surfaces-only --update --remeasure --budget 520 --db "$OUT/h200.sqlite" \
   > /tmp/logs/reprofile_unmasked.log 2>&1
 echo "profile rc=$?"; grep -E "^\[|points of|wrote" /tmp/logs/reprofile_unmasked.log | tail -n 12
