@@ -149,3 +149,28 @@ def test_digits_refuse_a_model_that_is_not_clip_shaped():
         with_dataset(get_model("imagebind"), "digits", "tiny")
     with pytest.raises(DataError, match="use one of synthetic, digits"):
         with_dataset(get_model("clip"), "mnist", "tiny")
+
+
+def test_on_a_gpu_each_module_draws_its_whole_batch_once_and_keeps_its_rows(monkeypatch):
+    """A GPU's cost is launching: one draw of a module's global batch, not one per sample; a
+    split still sees the samples the whole batch has."""
+    from mosaic.zoo import base
+
+    monkeypatch.setattr(base, "_draws_whole_batch", lambda device: True)  # the CUDA path
+    model = get_model("clip")
+    config = type(model.preset("tiny").modules["vision"])
+    calls = []
+    real = config.make_inputs
+    monkeypatch.setattr(config, "make_inputs",
+                        lambda self, n, gen: calls.append(n) or real(self, n, gen))
+    whole = model.make_rows("tiny", None, step=4, seed=1, global_batch=8)
+    assert calls == [8]
+    part = model.make_rows("tiny", {"vision": (2, 6), "text": (5, 8)}, step=4, seed=1,
+                           global_batch=8)
+    assert torch.equal(part["vision"][0], whole["vision"][0][2:6])
+    assert torch.equal(part["text"][0], whole["text"][0][5:8])
+    assert part["vision"][0].untyped_storage().nbytes() == part["vision"][0].nbytes  # no view
+    again = model.make_rows("tiny", None, step=4, seed=1, global_batch=8)
+    assert torch.equal(again["vision"][0], whole["vision"][0])
+    other = model.make_rows("tiny", None, step=5, seed=1, global_batch=8)
+    assert not torch.equal(other["vision"][0], whole["vision"][0])

@@ -13,12 +13,14 @@ ones made inline. On CUDA the threads also pin them: a trace of OFASys `paper` f
 upload from pageable memory taking 5.2 ms of each step, synchronously, while the GPU waited;
 from pinned memory the copy is asynchronous and the host goes on to launch the step.
 
-The zoo's synthetic rows need none of that on a GPU: drawn there (`RowsOnDevice`), by one
-seeded generator per sample as on the host, a step's rows are a few dozen kernel launches
-from the training thread, queued ahead of the step on its stream, with no copy. Even eight
-threads drawing on the host kept up only partly: CLIP `small` b32 trained at 11.18 ms a step
-against 8.47 ms with every step's rows made once (H200, 2026-12-02). Real data (`mosaic.data`
-sources, a user's loader) still comes through the threads.
+The zoo's synthetic rows need none of that on a GPU: drawn there (`RowsOnDevice`), a step's
+rows are kernel launches from the training thread, queued ahead of the step on its stream,
+with no copy. Eight threads drawing on the host kept up only partly: CLIP `small` b32 trained
+at 16.82 ms a step, 8.41 ms with every step's rows made once, and 12.58-14.27 ms with rows
+drawn on the GPU one seeded generator per sample (H200, 2026-12-02, one process): about a
+hundred launches a step on a host-bound step. So on a GPU each module's whole global batch is
+now one draw (zoo/base.py make_rows); not yet measured. Real data (`mosaic.data` sources, a
+user's loader) still comes through the threads.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ Calling convention (the engine relies on it)
   its own data inputs (empty for modules fed only by other modules). Every tensor has the batch
   on axis 0, so data parallelism shards a batch by slicing axis 0 of each tensor.
   `make_rows(preset, ranges, step=, seed=, global_batch=)` draws only some rows of a step's
-  batch, each sample from its own seed: the trainer's data (each rank draws its share only).
+  batch, the same whatever the split: the trainer's data (each rank keeps its share only).
 * `module(*inputs[name], *[outputs[p] for p in graph.predecessors(name)])`: a module takes its
   own data inputs first, then its predecessors' outputs in edge order.
 * Encoders and embeddings return ONE tensor with the batch on axis 0 ([B, N, D] or [B, D]).
@@ -201,24 +201,23 @@ class ZooModel:
         device: Device = "cpu",
     ) -> dict[str, tuple[Tensor, ...]]:
         """Synthetic rows [start, stop) of each module's own inputs in step `step`'s global
-        batch (None: every module, all rows), drawn on `device`. Sample i of a module is drawn
-        from its own generator, seeded by (seed, step, module, i), so that a rank draws only
-        the samples it runs and every split of the batch sees the same ones (`mosaic.data`).
-        The values depend on the device type (CPU and CUDA generators differ), not on the
-        split, the rank or the run."""
-        import torch
-
+        batch (None: every module, all rows), drawn on `device`; every split of the batch sees
+        the same samples (`mosaic.data`). On the host, where drawing is CPU time, sample i of a
+        module comes from its own generator, seeded by (seed, step, module, i), so a rank draws
+        only the samples it runs. On a GPU the cost is launching, not drawing: each module's
+        whole global batch comes from one generator seeded by (seed, step, module), a few
+        launches, and a rank keeps its rows (per sample it was about a hundred launches a step
+        for CLIP `small` b32, from the thread that launches the training step). The values
+        depend on the device type, not on the split, the rank or the run."""
         configs = self.preset(preset).modules
         if ranges is None:
             ranges = {name: (0, global_batch) for name in configs}
+        draw = _rows_of_whole_batch if _draws_whole_batch(device) else _rows_sample_by_sample
         out: dict[str, tuple[Tensor, ...]] = {}
         for name, (start, stop) in ranges.items():
-            samples = [
-                configs[name].make_inputs(1, _sample_generator(seed, step, name, i, device))
-                for i in range(start, stop)
-            ]
-            if samples and samples[0]:  # modules fed only by other modules have no inputs
-                out[name] = tuple(torch.cat(column) for column in zip(*samples, strict=True))
+            rows = draw(configs[name], (start, stop), f"{seed}/{step}/{name}", global_batch, device)
+            if rows:  # modules fed only by other modules have no inputs
+                out[name] = rows
         return out
 
     def loss(
@@ -264,16 +263,41 @@ def _build_one(
             return config.build(in_shapes)
 
 
-def _sample_generator(seed: int, step: int, module: str, sample: int,
-                      device: Device = "cpu") -> torch.Generator:
-    """The generator of one synthetic sample, on `device`: a hash of its coordinates, so that
-    samples of nearby steps, indices or seeds are not drawn from related streams."""
+def _draws_whole_batch(device: Device) -> bool:
+    """Whether make_rows draws each module's whole global batch at once on `device` (GPUs)."""
+    import torch
+
+    return torch.device(device).type != "cpu"
+
+
+def _rows_sample_by_sample(config: ModuleConfig, rows: tuple[int, int], key: str, global_batch: int,
+                           device: Device) -> tuple[Tensor, ...]:
+    import torch
+
+    samples = [config.make_inputs(1, _seeded_generator(f"{key}/{i}", device))
+               for i in range(*rows)]
+    if not samples or not samples[0]:
+        return ()
+    return tuple(torch.cat(column) for column in zip(*samples, strict=True))
+
+
+def _rows_of_whole_batch(config: ModuleConfig, rows: tuple[int, int], key: str, global_batch: int,
+                         device: Device) -> tuple[Tensor, ...]:
+    whole = config.make_inputs(global_batch, _seeded_generator(f"{key}/batch", device))
+    if rows == (0, global_batch):
+        return tuple(whole)
+    return tuple(t[rows[0]:rows[1]].clone() for t in whole)  # not a view: the rest is freed
+
+
+def _seeded_generator(key: str, device: Device = "cpu") -> torch.Generator:
+    """A generator on `device` seeded by a hash of `key` (the draw's coordinates), so that
+    draws of nearby steps, indices or seeds do not come from related streams."""
     import hashlib
 
     import torch
 
-    key = hashlib.blake2b(f"{seed}/{step}/{module}/{sample}".encode(), digest_size=8).digest()
-    return torch.Generator(device).manual_seed(int.from_bytes(key, "little") >> 1)
+    digest = hashlib.blake2b(key.encode(), digest_size=8).digest()
+    return torch.Generator(device).manual_seed(int.from_bytes(digest, "little") >> 1)
 
 
 def _to(t: Tensor, device: Device, dtype: torch.dtype | None) -> Tensor:
