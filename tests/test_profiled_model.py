@@ -309,6 +309,7 @@ def test_the_profiling_run_chooses_the_interference_fit_by_held_out_error(tmp_pa
     choice = model.interference_choice
     assert choice["kernels"] == model.interference_kernels == "compile-default"
     assert choice["compile-default_mape"] < 0.5 * choice["eager_mape"]
+    assert choice["held_out_by"] == "3 folds"  # one model: folds of its colocations
     assert "held-out error on the 18 compile-default colocations" in model.describe()
     with ProfileDB.open(path, readonly=False) as db:
         stored = next(f for f in db.fits() if f.name == interference_choice_name("compile-default"))

@@ -196,22 +196,34 @@ def interference_choice(surfaces: SurfaceSet, own: Sequence[ColocPoint],
                         eager: Sequence[ColocPoint], variant: str = "aware",
                         folds: int = 3) -> dict[str, Any]:
     """Which colocations a model of compiled kernels fits its interference on: their own, or
-    the eager ones, whichever predicts their own colocations better held out (eager: fitted on
-    none of them; own: k-fold). Alone times as measured beside each colocation, so that a
-    stale surface does not decide between two interference fits."""
-    fitted = fit_interference([s for s in map(surfaces.sample, eager) if s is not None], variant)
-    eager_ape = []
-    for c in own:
-        sample = surfaces.sample(c, use_measured_alone=True)
-        if sample is not None:
-            eager_ape.append(_ape(group_time_s(fitted, sample.works, sample.sharing),
-                                  c.group_time_s))
-    own_ape = [r["ape"] for r in coloc_errors(surfaces, own, variant, folds,
-                                              measured_alone=True)]
+    the eager ones, whichever predicts their own colocations better held out. Held out by
+    model where they span several (plans are predicted for models the fit has not seen; k
+    folds mixing one model's colocations favour the fit made on it), else k-fold; neither fit
+    sees the held-out model's colocations. Alone times as measured beside each colocation, so
+    that a stale surface does not decide between two interference fits."""
+    models = sorted({c.model for c in own})
+    fold_of = ([models.index(c.model) for c in own] if len(models) > 1
+               else _folds(own, folds))
+    errors: dict[str, list[float]] = {"eager": [], "own": []}
+    for fold in sorted(set(fold_of)):
+        held = [c for c, f in zip(own, fold_of, strict=True) if f == fold]
+        unseen = {c.model for c in held} if len(models) > 1 else set()
+        fits = {"eager": [c for c in eager if c.model not in unseen],
+                "own": [c for c, f in zip(own, fold_of, strict=True) if f != fold]}
+        for kind, train in fits.items():
+            params = fit_interference([x for x in map(surfaces.sample, train) if x is not None],
+                                      variant)
+            for c in held:
+                x = surfaces.sample(c, use_measured_alone=True)
+                if x is not None:
+                    errors[kind].append(_ape(group_time_s(params, x.works, x.sharing),
+                                             c.group_time_s))
     own_kernels = surfaces.colocation_kernels(own[0])
-    scores = {"eager": float(np.mean(eager_ape)), own_kernels: float(np.mean(own_ape))}
-    return {"kernels": min(scores, key=scores.__getitem__), "variant": variant,
-            "eager_mape": scores["eager"], f"{own_kernels}_mape": scores[own_kernels],
+    scores = {kind: float(np.mean(apes)) if apes else float("inf")
+              for kind, apes in errors.items()}
+    return {"kernels": "eager" if scores["eager"] <= scores["own"] else own_kernels,
+            "variant": variant, "held_out_by": "model" if len(models) > 1 else f"{folds} folds",
+            "eager_mape": scores["eager"], f"{own_kernels}_mape": scores["own"],
             "own_colocations": len(own), "eager_colocations": len(eager)}
 
 

@@ -492,7 +492,7 @@ class ProfiledModel(PerfModel):
             choice = fits.get(interference_choice_name(self.surfaces.prefer))
             self.interference_choice = choice.params if choice is not None else None
             self.interference_kernels, pool = self.surfaces.interference_pool(
-                db.colocations(), choice.params.get("kernels") if choice is not None else None)
+                db.colocations(), (self.interference_choice or {}).get("kernels"))
             fit_name = interference_fit_name(interference, self.interference_kernels)
             stored = _stored_params(fits.get(fit_name), interference)
             self.params: InterferenceParams = stored or fit_interference(
@@ -524,7 +524,8 @@ class ProfiledModel(PerfModel):
             scores = ", ".join(f"{k.removesuffix('_mape')} {v:.1f}%" for k, v in c.items()
                                if k.endswith("_mape"))
             err_s += (f" (chosen by held-out error on the {c['own_colocations']} {s.prefer} "
-                      f"colocations, alone times as measured: {scores})")
+                      f"colocations, held out by {c.get('held_out_by', 'fold')}, alone times "
+                      f"as measured: {scores})")
         preferred = sum(1 for sig in s.surfaces if s.kernels.get(sig, "eager") == s.prefer)
         return (f"profiled ({self.db_path.name}: {preferred} measured {s.prefer} modules of "
                 f"{len(s.surfaces)}; "

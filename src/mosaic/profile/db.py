@@ -85,6 +85,8 @@ def compile_of_kernels(kernels: str) -> tuple[str | None, str]:
     if mode.endswith(BLOCKS_SUFFIX):
         return mode.removesuffix(BLOCKS_SUFFIX), "blocks"
     return mode, "module"
+
+
 def colocation_kernels(point: ColocPoint, kernels: Mapping[str, str]) -> str | None:
     """The kernels (`kernels`: by signature; absent: eager) every member of a measured
     colocation ran, or None for a mix."""
