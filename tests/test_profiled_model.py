@@ -317,6 +317,37 @@ def test_the_profiling_run_chooses_the_interference_fit_by_held_out_error(tmp_pa
     assert ProfiledModel(CLUSTER, path, engine=engine).interference_kernels == "eager"
 
 
+def test_compiled_colocations_of_several_models_are_held_out_by_model():
+    """Two models whose compiled colocations disagree (contention 3x and 0.3x the eager one):
+    a fit on one predicts the other worse than the eager fit, so the eager fit is chosen,
+    though a fit on both could look good on folds that mix them."""
+    from dataclasses import replace
+
+    from mosaic.perf.accuracy import interference_choice
+
+    rng = np.random.default_rng(3)
+    truth = SurfaceSet(CLUSTER, {}, {}, {})
+    specs = _specs()
+    sigs = {kernels: [f"{s.name}/{kernels}" for s in specs]
+            for kernels in ("eager", "compile-default")}
+    surfaces = SurfaceSet(CLUSTER, {sig: s for names in sigs.values()
+                                    for sig, s in zip(names, specs, strict=True)}, {}, {},
+                          kernels={sig: "compile-default" for sig in sigs["compile-default"]})
+    modes = ("partition", "free", "cap")
+
+    def colocations(model, kernels, params, n):
+        return [replace(_coloc(rng, truth, specs, sigs[kernels], modes[i % 3], params),
+                        model=model) for i in range(n)]
+
+    eager = colocations("a", "eager", TRUTH, 12) + colocations("b", "eager", TRUTH, 12)
+    own = (colocations("a", "compile-default", replace(TRUTH, alpha=3 * TRUTH.alpha), 12)
+           + colocations("b", "compile-default", replace(TRUTH, alpha=0.3 * TRUTH.alpha), 12))
+    choice = interference_choice(surfaces, own, eager)
+    assert choice["held_out_by"] == "model"
+    assert choice["kernels"] == "eager"
+    assert choice["eager_mape"] < choice["compile-default_mape"]
+
+
 def test_a_layer_by_layer_engine_falls_back_to_the_whole_module_compiled_surface(tmp_path):
     """No `compile-default-blocks` surface yet: the same mode compiled whole stands in before
     the eager one, and the plan's coverage notes say which."""
