@@ -348,6 +348,32 @@ def test_compiled_colocations_of_several_models_are_held_out_by_model():
     assert choice["eager_mape"] < choice["compile-default_mape"]
 
 
+def test_a_surface_that_disagrees_with_the_colocations_alone_times_is_called_stale(tmp_path):
+    """A module made faster without new cost facts keeps its old surface: the alone times
+    measured beside later colocations give it away, and the advice names the command."""
+    import sqlite3
+
+    from mosaic.perf.accuracy import stale_surface_advice, surface_drift
+
+    path = tmp_path / "k.sqlite"
+    _two_kernel_db(path, np.random.default_rng(4), 18, TRUTH)
+    assert stale_surface_advice(path, "h200", "compile-default") == []
+    with ProfileDB.open(path) as db:
+        vision = next(m.signature for m in db.modules()
+                      if m.module == "vision" and m.kernels == "compile-default")
+    with sqlite3.connect(path) as conn:  # the surface of older, twice as slow code
+        conn.execute("UPDATE module_points SET time_s = 2 * time_s WHERE signature = ?",
+                     (vision,))
+    with ProfileDB.open(path) as db:
+        surfaces = SurfaceSet.from_db(db, CLUSTER, prefer="compile-default")
+        drift = surface_drift(surfaces,
+                              surfaces.colocations_of(db.colocations(), "compile-default"))
+    assert [(d["module"], round(d["surface_over_measured"], 1)) for d in drift] == [
+        ("vision", 2.0)]
+    (advice,) = stale_surface_advice(path, "h200", "compile-default")
+    assert "--kernels compile-default --surfaces-only --update --remeasure" in advice
+
+
 def test_a_layer_by_layer_engine_falls_back_to_the_whole_module_compiled_surface(tmp_path):
     """No `compile-default-blocks` surface yet: the same mode compiled whole stands in before
     the eager one, and the plan's coverage notes say which."""

@@ -823,11 +823,13 @@ def profile(
         typer.echo(f"{r.model}: {r.points} of {r.full_grid} grid points, {r.colocations} "
                    f"colocations, {r.wall_s:.1f} s{'; ' + '; '.join(r.notes) if r.notes else ''}")
     if any(r.colocations for r in reports):  # else a model would refit on every load
-        from mosaic.perf.accuracy import store_interference_fits
+        from mosaic.perf.accuracy import stale_surface_advice, store_interference_fits
 
         used = store_interference_fits(db, str(hardware), str(kernels))
         typer.echo(f"interference fitted on {used} {kernels} colocations (held-out error: "
                    f"mosaic model-error --kernels {kernels} --db {db})")
+        for line in stale_surface_advice(db, str(hardware), str(kernels)):
+            typer.echo(line)
     typer.echo(f"wrote {db}")
 
 
