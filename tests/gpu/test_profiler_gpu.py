@@ -56,6 +56,29 @@ def test_colocated_group_times_each_member(bank):
     assert both.members_s[0] < 1.6 * alone.median_s
 
 
+def test_a_graph_survives_the_idle_cache_release_before_the_next_capture(bank, monkeypatch):
+    """A colocation captures every member before replaying any. The cache release before a
+    capture once freed the cuBLAS workspaces too, and the first graph's GEMMs point into its
+    stream's: its replay faulted (compiled ImageBind `small`, 2026-12-02)."""
+    import torch
+
+    from mosaic.profile import graph_timing
+    from mosaic.profile.graph_timing import GraphBench
+
+    monkeypatch.setattr(graph_timing, "IDLE_CACHE_FRACTION", -1.0)  # release before every capture
+    (module_a, xa), (module_b, xb) = _mlp(), _mlp()
+    _, streams, _ = bank.group("partition", [64, 64], [0, 0])
+    bench_a = GraphBench(module_a, [xa])
+    graph_a = bench_a.capture(streams[0])
+    GraphBench(module_b, [xb]).capture(streams[1])
+    filler = torch.empty(4 << 30, dtype=torch.uint8, device="cuda").fill_(255)  # reuse freed memory
+    for _ in range(3):
+        graph_a.replay()
+    torch.cuda.synchronize()  # raised "unspecified launch failure" when the workspace was freed
+    del filler
+    assert not bench_a.eager
+
+
 def test_compiled_profile_adds_compiled_surfaces_beside_the_eager_ones(tmp_path):
     """`--kernels compile-default --update`: the compiled modules get their own signatures and
     points, and the DB's eager modules stay."""
