@@ -353,7 +353,7 @@ def test_a_surface_that_disagrees_with_the_colocations_alone_times_is_called_sta
     measured beside later colocations give it away, and the advice names the command."""
     import sqlite3
 
-    from mosaic.perf.accuracy import stale_surface_advice, surface_drift
+    from mosaic.perf.accuracy import stale_surface_advice
 
     path = tmp_path / "k.sqlite"
     _two_kernel_db(path, np.random.default_rng(4), 18, TRUTH)
@@ -366,12 +366,19 @@ def test_a_surface_that_disagrees_with_the_colocations_alone_times_is_called_sta
                      (vision,))
     with ProfileDB.open(path) as db:
         surfaces = SurfaceSet.from_db(db, CLUSTER, prefer="compile-default")
-        drift = surface_drift(surfaces,
-                              surfaces.colocations_of(db.colocations(), "compile-default"))
+        drift = surfaces.drift(surfaces.colocations_of(db.colocations(), "compile-default"))
     assert [(d["module"], round(d["surface_over_measured"], 1)) for d in drift] == [
         ("vision", 2.0)]
     (advice,) = stale_surface_advice(path, "h200", "compile-default")
-    assert "--kernels compile-default --surfaces-only --update --remeasure" in advice
+    assert "mosaic profile toy --preset tiny --kernels compile-default --surfaces-only " \
+        "--update --remeasure" in advice
+    specs = _specs()  # a plan that runs the module is told so
+    graph = MMGraph(name="toy", modules=tuple(specs), edges=(), global_batch=8, preset="tiny")
+    plan = Plan(model="toy", planner="hand", num_gpus=1, stages=(Stage(placements=tuple(
+        Placement(module=s.name, gpus=(0,)) for s in specs)),))
+    notes = ProfiledModel(CLUSTER, path, engine="graphs+compile-default").coverage_notes(
+        plan, graph)
+    assert [n.split(":")[0] for n in notes if "stale?" in n] == ["vision"]
 
 
 def test_a_layer_by_layer_engine_falls_back_to_the_whole_module_compiled_surface(tmp_path):

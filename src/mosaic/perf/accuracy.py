@@ -33,6 +33,7 @@ from mosaic.perf.profiled import (
     held_out_errors,
     interference_choice_name,
     interference_fit_name,
+    remeasure_command,
 )
 from mosaic.perf.results import bench_result_files, load_bench_result, superseded
 from mosaic.profile.db import ColocPoint, FitRecord, ModulePoint, ProfileDB, colocation_kernels
@@ -147,48 +148,18 @@ def model_error(db: ProfileDB | str | Path, cluster: ClusterSpec | None = None, 
     for name, scale in (("analytic", 1.0), ("analytic-calibrated", surfaces.calibration)):
         result["rows"][name] = _summary(*_analytic_rows(surfaces, colocs, scale))
     result["fallback_held_out"] = fallback_held_out(surfaces)
-    result["surface_drift"] = surface_drift(surfaces, colocs)
+    result["surface_drift"] = surfaces.drift(colocs)
     if details:
         result["single_points"] = single
     return result
 
 
-SURFACE_DRIFT = 0.25
-"""A surface is suspect when it misses the alone times measured beside colocations by this
-much (median over them); the surfaces of modules that match their code agree within ~8%."""
-
-
-def surface_drift(surfaces: SurfaceSet, colocs: Sequence[ColocPoint],
-                  tolerance: float = SURFACE_DRIFT) -> list[dict[str, Any]]:
-    """Modules whose surface disagrees with the alone times measured beside the colocations
-    (median surface / measured beyond `tolerance`): a surface older than the module's code,
-    whose signature (its cost facts) did not change. ImageBind's compiled audio surface said
-    twice the encoder's time after its attention mask was dropped (2026-12-02)."""
-    ratios: dict[tuple[str, str, str], list[float]] = {}
-    for c in colocs:
-        sample = surfaces.sample(c, use_measured_alone=False)
-        if sample is None:
-            continue
-        for member, work in zip(c.works, sample.works, strict=True):
-            if member.alone_s > 0:
-                key = (c.model, c.preset, member.module)
-                ratios.setdefault(key, []).append(work.time_at(work.limit) / member.alone_s)
-    drift = []
-    for (model, preset, module), found in sorted(ratios.items()):
-        ratio = float(np.median(found))
-        if abs(ratio - 1) > tolerance:
-            drift.append({"model": model, "preset": preset, "module": module,
-                          "surface_over_measured": ratio, "colocations": len(found)})
-    return drift
-
-
 def drift_advice(drift: Sequence[dict[str, Any]], kernels: str) -> list[str]:
-    """One line per suspect surface, with the command that measures it again."""
-    flag = "" if kernels == "eager" else f" --kernels {kernels}"
+    """One line per suspect surface (SurfaceSet.drift), with the command that measures it
+    again."""
     return [f"stale surface? {d['model']} {d['module']} (`{d['preset']}`): the surface says "
             f"{d['surface_over_measured']:.2f}x the alone time measured beside "
-            f"{d['colocations']} colocations; measure it again: mosaic profile {d['model']} "
-            f"--preset {d['preset']}{flag} --surfaces-only --update --remeasure"
+            f"{d['colocations']} colocations; measure it again: {remeasure_command(d, kernels)}"
             for d in drift]
 
 
@@ -197,7 +168,7 @@ def stale_surface_advice(db_path: str | Path, hardware: str, kernels: str) -> li
     it after measuring colocations)."""
     with ProfileDB.open(db_path) as db:
         surfaces = SurfaceSet.from_db(db, make_cluster(1, hardware), prefer=kernels)
-        drift = surface_drift(surfaces, surfaces.colocations_of(db.colocations(), kernels))
+        drift = surfaces.drift(surfaces.colocations_of(db.colocations(), kernels))
     return drift_advice(drift, kernels)
 
 

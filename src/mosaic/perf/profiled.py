@@ -72,6 +72,9 @@ from mosaic.profile.optimizer import stored_fit as stored_optimizer_fit
 RHO = 4.0
 """Sharpness of the soft minimum between the SMs given and the SMs the work can fill."""
 RBF_SMOOTHING = 1e-3
+SURFACE_DRIFT = 0.25
+"""A surface is suspect when it misses the alone times measured beside colocations by this
+much (median over them); the surfaces of modules that match their code agree within ~8%."""
 MIN_KERNEL_COLOCATIONS = 12
 """Colocations of the engine's own kernels before their interference fit replaces the eager
 one (a profiled model measures four groups per sharing mode at each batch it picks)."""
@@ -439,6 +442,30 @@ class SurfaceSet:
         """The colocations whose every member ran `kernels`."""
         return [c for c in colocs if self.colocation_kernels(c) == kernels]
 
+    def drift(self, colocs: Sequence[ColocPoint],
+              tolerance: float = SURFACE_DRIFT) -> list[dict[str, Any]]:
+        """Modules whose surface disagrees with the alone times measured beside the
+        colocations (median surface / measured beyond `tolerance`): a surface older than the
+        module's code, whose signature (its cost facts) did not change. ImageBind's compiled
+        audio surface said twice the encoder's time after its attention mask was dropped
+        (2026-12-02)."""
+        ratios: dict[tuple[str, str, str], list[float]] = {}
+        for c in colocs:
+            sample = self.sample(c, use_measured_alone=False)
+            if sample is None:
+                continue
+            for member, work in zip(c.works, sample.works, strict=True):
+                if member.alone_s > 0:
+                    key = (c.model, c.preset, member.module)
+                    ratios.setdefault(key, []).append(work.time_at(work.limit) / member.alone_s)
+        drift = []
+        for (model, preset, module), found in sorted(ratios.items()):
+            ratio = float(np.median(found))
+            if abs(ratio - 1) > tolerance:
+                drift.append({"model": model, "preset": preset, "module": module,
+                              "surface_over_measured": ratio, "colocations": len(found)})
+        return drift
+
     def interference_pool(self, colocs: Sequence[ColocPoint], choice: str | None = None
                           ) -> tuple[str, list[ColocPoint]]:
         """The colocations an interference fit for the preferred kernels uses, and their
@@ -491,8 +518,11 @@ class ProfiledModel(PerfModel):
             self.stored_error = {name: f.mape for name, f in fits.items()}
             choice = fits.get(interference_choice_name(self.surfaces.prefer))
             self.interference_choice = choice.params if choice is not None else None
+            colocations = db.colocations()
             self.interference_kernels, pool = self.surfaces.interference_pool(
-                db.colocations(), (self.interference_choice or {}).get("kernels"))
+                colocations, (self.interference_choice or {}).get("kernels"))
+            self._own_colocations = self.surfaces.colocations_of(colocations,
+                                                                 self.surfaces.prefer)
             fit_name = interference_fit_name(interference, self.interference_kernels)
             stored = _stored_params(fits.get(fit_name), interference)
             self.params: InterferenceParams = stored or fit_interference(
@@ -553,7 +583,17 @@ class ProfiledModel(PerfModel):
                     used = self.surfaces.kernels_of(self.surfaces.signature_of(spec))
                     notes.append(f"{p.module}: no {self.surfaces.prefer} surface; the {used} "
                                  "one stands in")
-        return notes
+        return notes + self._stale_notes(plan, graph)
+
+    def _stale_notes(self, plan: Plan, graph: MMGraph) -> list[str]:
+        """The plan's modules whose surface the colocations' alone times call stale."""
+        mine = [c for c in self._own_colocations
+                if (c.model, c.preset) == (graph.name, graph.preset)]
+        placed = {p.module for stage in plan.stages for p in stage.placements}
+        return [f"{d['module']}: its {self.surfaces.prefer} surface says "
+                f"{d['surface_over_measured']:.2f}x the alone time measured beside "
+                f"{d['colocations']} colocations: stale? `{remeasure_command(d, self.surfaces.prefer)}`"
+                for d in self.surfaces.drift(mine) if d["module"] in placed]
 
     def _optimizer_summary(self) -> str:
         fit = self.optimizer_fit
@@ -723,6 +763,13 @@ class ProfiledModel(PerfModel):
         across = ("; analytic across nodes (hierarchical: in-node curves + IB leads)"
                   if self.cluster.num_nodes > 1 else "")
         return f"comm: {'; '.join(parts)}{tail}{across}"
+
+
+def remeasure_command(drift: Mapping[str, Any], kernels: str) -> str:
+    """The command that measures a drifting module's surface again (SurfaceSet.drift)."""
+    flag = "" if kernels == "eager" else f" --kernels {kernels}"
+    return (f"mosaic profile {drift['model']} --preset {drift['preset']}{flag} --surfaces-only "
+            "--update --remeasure")
 
 
 def interference_choice_name(kernels: str) -> str:
