@@ -172,10 +172,7 @@ def test_todays_model_predicts_the_measured_plans_again():
     held_out = RESULTS / "compiled-profile-h200x2"
     r = iteration_error(held_out, repredict=Repredictor())
     assert r["predictions"] == "today's model" and r["count"] == 4 and r["not_predicted"] == 1
-    # The gate's 10% held here until the compiled modules' measured bandwidth signatures
-    # (2026-12-02) entered the interference term: spindle's plan went from +9.5% to +10.9%,
-    # a gate miss BENCHMARKS.md lists. The median must still meet the gate's 5%.
-    assert r["median_abs_error"] <= 0.05 and r["max_abs_error"] <= 0.12
+    assert r["max_abs_error"] <= 0.10
     out = CliRunner().invoke(app, ["model-error", "--iterations", str(held_out), "--json"])
     assert json.loads(out.output)["rows"] == json.loads(json.dumps(r["rows"]))
 

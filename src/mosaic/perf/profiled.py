@@ -315,6 +315,8 @@ class SurfaceSet:
         self.default_sensitivity = float(np.median(list(sensitivity.values()))) if sensitivity else None
         self._rows: dict[tuple[ModuleSpec, int], np.ndarray] = {}
         self._match: dict[ModuleSpec, str | None] = {}
+        self.rescaled: dict[str, float] = {}
+        """signature -> factor its surface is scaled by (rescale_stale)."""
 
     @classmethod
     def from_db(cls, db: ProfileDB, cluster: ClusterSpec, prefer: str = "eager") -> SurfaceSet:
@@ -392,6 +394,7 @@ class SurfaceSet:
                 raw = np.array([self.fallback_s(spec, per_gpu_batch, k) for k in self.grid])
             else:
                 raw = self.surfaces[sig].predict(per_gpu_batch, self.grid)
+                raw = raw * self.rescaled.get(sig, 1.0)
             self._rows[key] = np.minimum.accumulate(raw)
         return self._rows[key]
 
@@ -442,6 +445,18 @@ class SurfaceSet:
         """The colocations whose every member ran `kernels`."""
         return [c for c in colocs if self.colocation_kernels(c) == kernels]
 
+    def rescale_stale(self, colocs: Sequence[ColocPoint]) -> list[dict[str, Any]]:
+        """Scale each drifting surface (drift) to the alone times measured beside the
+        colocations, the newer measurement of the same module by the same method; returns
+        the drift found. A stale surface is measured again with `--remeasure`; until then it
+        predicts the module as it runs now rather than as it ran."""
+        found = self.drift(colocs)
+        for d in found:
+            self.rescaled[d["signature"]] = 1.0 / d["surface_over_measured"]
+        if found:
+            self._rows.clear()
+        return found
+
     def drift(self, colocs: Sequence[ColocPoint],
               tolerance: float = SURFACE_DRIFT) -> list[dict[str, Any]]:
         """Modules whose surface disagrees with the alone times measured beside the
@@ -456,14 +471,15 @@ class SurfaceSet:
                 continue
             for member, work in zip(c.works, sample.works, strict=True):
                 if member.alone_s > 0:
-                    key = (c.model, c.preset, member.module)
+                    key = (c.model, c.preset, member.module, member.signature)
                     ratios.setdefault(key, []).append(work.time_at(work.limit) / member.alone_s)
         drift = []
-        for (model, preset, module), found in sorted(ratios.items()):
+        for (model, preset, module, signature), found in sorted(ratios.items()):
             ratio = float(np.median(found))
             if abs(ratio - 1) > tolerance:
                 drift.append({"model": model, "preset": preset, "module": module,
-                              "surface_over_measured": ratio, "colocations": len(found)})
+                              "signature": signature, "surface_over_measured": ratio,
+                              "colocations": len(found)})
         return drift
 
     def interference_pool(self, colocs: Sequence[ColocPoint], choice: str | None = None
@@ -521,8 +537,8 @@ class ProfiledModel(PerfModel):
             colocations = db.colocations()
             self.interference_kernels, pool = self.surfaces.interference_pool(
                 colocations, (self.interference_choice or {}).get("kernels"))
-            self._own_colocations = self.surfaces.colocations_of(colocations,
-                                                                 self.surfaces.prefer)
+            self.stale = self.surfaces.rescale_stale(
+                self.surfaces.colocations_of(colocations, self.surfaces.prefer))
             fit_name = interference_fit_name(interference, self.interference_kernels)
             stored = _stored_params(fits.get(fit_name), interference)
             self.params: InterferenceParams = stored or fit_interference(
@@ -587,13 +603,14 @@ class ProfiledModel(PerfModel):
 
     def _stale_notes(self, plan: Plan, graph: MMGraph) -> list[str]:
         """The plan's modules whose surface the colocations' alone times call stale."""
-        mine = [c for c in self._own_colocations
-                if (c.model, c.preset) == (graph.name, graph.preset)]
         placed = {p.module for stage in plan.stages for p in stage.placements}
-        return [f"{d['module']}: its {self.surfaces.prefer} surface says "
+        return [f"{d['module']}: its {self.surfaces.prefer} surface said "
                 f"{d['surface_over_measured']:.2f}x the alone time measured beside "
-                f"{d['colocations']} colocations: stale? `{remeasure_command(d, self.surfaces.prefer)}`"
-                for d in self.surfaces.drift(mine) if d["module"] in placed]
+                f"{d['colocations']} colocations, so it is scaled to them; stale? "
+                f"`{remeasure_command(d, self.surfaces.prefer)}`"
+                for d in self.stale
+                if (d["model"], d["preset"]) == (graph.name, graph.preset)
+                and d["module"] in placed]
 
     def _optimizer_summary(self) -> str:
         fit = self.optimizer_fit
