@@ -2,8 +2,9 @@
 # PREPARED, NOT YET RUN. One H200, one device call (about 7 minutes), results under $1.
 # ImageBind's compiled `small` surfaces predate the audio encoder's mask removal: the audio
 # surface says 66 ms at batch 128 on the whole GPU where the encoder ran 33 ms beside every
-# compiled colocation (2026-12-02), and today's model predicts ImageBind b128 +41-46%
-# (results/compiled-colocations-h200/). This measures ImageBind's compiled modules again
+# compiled colocation (2026-12-02); with it the model predicted ImageBind b128 +41-46%
+# (results/compiled-colocations-h200/), and it now scales that surface to the colocations'
+# alone times until it is measured again (within 3%). This measures ImageBind's compiled modules again
 # (--remeasure replaces each surface whole; the colocations stay), then judges, with the new
 # DB, the ImageBind b128 run and the compiled colocations' held-out error (alone times from the
 # surfaces, as plans are predicted). Afterwards, on the CPU: copy OUT/h200.sqlite over the

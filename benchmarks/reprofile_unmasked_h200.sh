@@ -3,7 +3,7 @@
 #   bash benchmarks/reprofile_unmasked_h200.sh OUT clip imagebind
 #   PRESET=paper bash benchmarks/reprofile_unmasked_h200.sh OUT imagebind   (KERNELS likewise)
 # Found on 2026-12-02: ImageBind's compiled audio surface says 66 ms at batch 128 where the
-# encoder ran 33 ms beside every colocation; today's model predicts ImageBind b128 +44%.
+# encoder ran 33 ms beside every colocation (the model scales it to them until remeasured).
 # The compiled `small` surfaces of the zoo's transformers encoders were measured while
 # transformers still built all-true attention masks under compile (2026-12-01 removed them:
 # the audio encoder ran 1.055x faster unmasked); their cost facts did not change, so their
