@@ -29,11 +29,11 @@ from mosaic.perf.base import Work
 from mosaic.perf.interference import VARIANTS, CoSample, fit_interference, group_time_s
 from mosaic.perf.profiled import (
     SurfaceSet,
+    drift_finding,
     fit_surface,
     held_out_errors,
     interference_choice_name,
     interference_fit_name,
-    remeasure_command,
 )
 from mosaic.perf.results import bench_result_files, load_bench_result, superseded
 from mosaic.profile.db import ColocPoint, FitRecord, ModulePoint, ProfileDB, colocation_kernels
@@ -157,9 +157,7 @@ def model_error(db: ProfileDB | str | Path, cluster: ClusterSpec | None = None, 
 def drift_advice(drift: Sequence[dict[str, Any]], kernels: str) -> list[str]:
     """One line per suspect surface (SurfaceSet.drift), with the command that measures it
     again."""
-    return [f"stale surface? {d['model']} {d['module']} (`{d['preset']}`): the surface says "
-            f"{d['surface_over_measured']:.2f}x the alone time measured beside "
-            f"{d['colocations']} colocations; measure it again: {remeasure_command(d, kernels)}"
+    return [f"{d['model']} {d['module']} (`{d['preset']}`): {drift_finding(d, kernels)}"
             for d in drift]
 
 

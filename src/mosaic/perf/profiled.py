@@ -604,10 +604,7 @@ class ProfiledModel(PerfModel):
     def _stale_notes(self, plan: Plan, graph: MMGraph) -> list[str]:
         """The plan's modules whose surface the colocations' alone times call stale."""
         placed = {p.module for stage in plan.stages for p in stage.placements}
-        return [f"{d['module']}: its {self.surfaces.prefer} surface said "
-                f"{d['surface_over_measured']:.2f}x the alone time measured beside "
-                f"{d['colocations']} colocations, so it is scaled to them; stale? "
-                f"`{remeasure_command(d, self.surfaces.prefer)}`"
+        return [f"{d['module']}: scaled to its colocations, as {drift_finding(d, self.surfaces.prefer)}"
                 for d in self.stale
                 if (d["model"], d["preset"]) == (graph.name, graph.preset)
                 and d["module"] in placed]
@@ -782,11 +779,13 @@ class ProfiledModel(PerfModel):
         return f"comm: {'; '.join(parts)}{tail}{across}"
 
 
-def remeasure_command(drift: Mapping[str, Any], kernels: str) -> str:
-    """The command that measures a drifting module's surface again (SurfaceSet.drift)."""
+def drift_finding(drift: Mapping[str, Any], kernels: str) -> str:
+    """What SurfaceSet.drift found for one module, and the command that measures it again."""
     flag = "" if kernels == "eager" else f" --kernels {kernels}"
-    return (f"mosaic profile {drift['model']} --preset {drift['preset']}{flag} --surfaces-only "
-            "--update --remeasure")
+    return (f"its {kernels} surface says {drift['surface_over_measured']:.2f}x the alone time "
+            f"measured beside {drift['colocations']} colocations; stale? measure it again: "
+            f"`mosaic profile {drift['model']} --preset {drift['preset']}{flag} --surfaces-only "
+            "--update --remeasure`")
 
 
 def interference_choice_name(kernels: str) -> str:
