@@ -100,24 +100,34 @@ def test_compiled_profile_adds_compiled_surfaces_beside_the_eager_ones(tmp_path)
 
 def test_remeasure_replaces_the_named_models_surfaces_and_update_alone_keeps_them(tmp_path):
     """`--update` skips modules the DB holds; `--update --remeasure` measures them again and
-    each surface is the new run's alone."""
+    each surface is the new run's alone. Every stored time is first set to a marker no GPU
+    measures (one second), so which run wrote a row is known exactly: event timings are
+    quantised and two runs can store the same value to the bit."""
+    import sqlite3
+
     from mosaic.profile.db import ProfileDB
     from mosaic.profile.profiler import ProfilerConfig, profile_models
 
     path = str(tmp_path / "p.sqlite")
     fast = ProfilerConfig(preset="tiny", budget_s=60.0, antagonist=False, max_pairs=0,
                           max_triples=0, refine_budget=0)
+    marker_s = 1.0
     profile_models(["clip"], path, fast)
-    def rows(db):
-        return {(p.signature, p.per_gpu_batch, p.num_sms, p.time_s) for p in db.points()}
+    with sqlite3.connect(path) as conn:
+        conn.execute("UPDATE module_points SET time_s = ?", (marker_s,))
+
+    def points(db):
+        return {(p.signature, p.per_gpu_batch, p.num_sms): p.time_s for p in db.points()}
 
     with ProfileDB.open(path) as db:
-        first = rows(db)
+        first = points(db)
     kept = profile_models(["clip"], path, fast, update=True)
     assert kept[0].points == 0
+    with ProfileDB.open(path) as db:
+        assert points(db) == first
     again = profile_models(["clip"], path, fast, update=True, remeasure=True)
     with ProfileDB.open(path) as db:
-        now = rows(db)
+        now = points(db)
     assert again[0].points == len(now) > 0
-    assert {r[0] for r in now} == {r[0] for r in first}
-    assert not now & first  # every row is the new run's (timings never repeat to the bit)
+    assert {key[0] for key in now} == {key[0] for key in first}
+    assert marker_s not in now.values()
