@@ -322,6 +322,17 @@ def _mape(rows: Sequence[IterationRow], features: Sequence[str], coef: np.ndarra
     return float(np.mean(errs)) * PERCENT
 
 
+def identifiable(rows: Sequence[IterationRow], features: Sequence[str]) -> bool:
+    """Whether the rows pin every coefficient: with collinear features (every run of one model
+    has the same parameter count, so `const` and `params` move together) the split between
+    them is arbitrary, fits held-out runs of that model, and is nonsense for any other."""
+    x = np.array([[r.features.get(f, 0.0) for f in features] for r in rows])
+    scale = np.sqrt(np.mean(x**2, axis=0))
+    if np.any(scale == 0):
+        return False
+    return bool(np.linalg.matrix_rank(x / scale, tol=1e-6) == len(features))
+
+
 def held_out_mape(rows: Sequence[IterationRow], features: Sequence[str]) -> float | None:
     """Leave-one-group-out MAPE (percent); None when there are too few groups or points."""
     groups = sorted({r.group for r in rows})
@@ -349,10 +360,12 @@ def fit_engine_term(rows: Sequence[IterationRow], engine: str,
             " run(s); a held-out error needs at least 2 runs: add `mosaic bench` results JSON "
             "(--fit-engine-term DIR) or autotune runs of this engine")
     scored = [(err, len(fs), tuple(fs)) for fs in feature_sets
-              if (err := held_out_mape(mine, fs)) is not None]
+              if identifiable(mine, fs) and (err := held_out_mape(mine, fs)) is not None]
     if not scored:
         raise EngineTermError(f"engine {engine!r}: {len(mine)} rows are too few for any feature "
-                              f"set; add more bench results of this engine")
+                              f"set, or its features move together on them (one model's runs "
+                              f"share a parameter count); add bench results of this engine, "
+                              f"of another model too")
     err, _, features = min(scored)
     baseline = float(np.mean([abs(r.predicted_s / r.measured_s - 1) for r in mine])) * PERCENT
     if err >= baseline:  # no term predicts held-out runs better than none: store none
