@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# PREPARED, NOT YET RUN. One H200, one device call (about 7 minutes), results under $1.
+# One H200, one device call (about 6 minutes), results under $1. Run on 2026-12-02
+# (results/imagebind-remeasure-h200/): audio 66.1 -> 33.6 ms at b128; b128 within -1.3..-3.7%.
 # ImageBind's compiled `small` surfaces predate the audio encoder's mask removal: the audio
 # surface says 66 ms at batch 128 on the whole GPU where the encoder ran 33 ms beside every
 # compiled colocation (2026-12-02); with it the model predicted ImageBind b128 +41-46%

@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# PREPARED, NOT YET RUN. One H200, one device call per few models, results under $1.
+# One H200, one device call per few models, results under $1. Run on 2026-12-02 for
+# ImageBind `paper` (80 points in 377 s; audio 50.8 -> 24.6 ms at b32); the other models
+# not yet (CLIP `small` was measured again by hand, 66 points in 114 s).
 #   bash benchmarks/reprofile_unmasked_h200.sh OUT clip imagebind
 #   PRESET=paper bash benchmarks/reprofile_unmasked_h200.sh OUT imagebind   (KERNELS likewise)
 # Found on 2026-12-02: ImageBind's compiled audio surface says 66 ms at batch 128 where the

@@ -4,7 +4,8 @@
 # RowsOnDevice). First run (2026-12-02, results/rows-on-device-h200/), rows drawn sample by
 # sample: CLIP `small` b32 stepped in 12.58 ms (14.27 in flight) against 16.82 ms with eight
 # host threads and 8.41 ms with rows made once. Each module's whole global batch is now one
-# draw; running this again measures that. It runs:
+# draw: run again (2026-12-02, results/rows-on-device-whole-batch-h200/) it stepped in 8.12 ms
+# in flight, as with rows made once (8.13). It runs:
 #  1. the GPU tests of the rows (every split draws the same samples on the GPU) and of the
 #     trainer (steps in flight = read one by one; a NaN step skipped on the GPU);
 #  2. benchmarks/train_in_flight.py on CLIP `small` b32: read each step vs in flight with rows
