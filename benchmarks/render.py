@@ -537,6 +537,24 @@ def gate_misses(results: Path, arg: str | None) -> str:
     return _verdict_line(result) + "\n\n" + table(ERROR_HEADER, rows)
 
 
+@renderer("stage-error")
+def stage_error_block(results: Path, arg: str | None) -> str:
+    """Every traced plan's stages under results/ARG (default: all) by today's model: the
+    summary line, then one row per stage (`mosaic model-error --iterations DIR --stages`)."""
+    from mosaic.perf.repredict import Repredictor
+    from mosaic.perf.traced import stage_error, summary_line
+
+    report = stage_error(results / (arg or "."), Repredictor())
+    rows = [[r["file"], r["planner"], str(r["stage"]), "+".join(r["modules"]), r["sharing"],
+             f"{r['predicted_s'] * 1e3:.2f}", f"{r['measured_s'] * 1e3:.2f}", pct(r["error"]),
+             (f"{r['predicted_saving_s'] * 1e3:.2f} / {r['measured_saving_s'] * 1e3:.2f}"
+              if "measured_saving_s" in r else "–")]
+            for r in report["rows"]]
+    return summary_line(report) + "\n\n" + table(
+        ["file", "plan", "stage", "modules", "sharing", "predicted, ms", "measured, ms",
+         "error", "saving over one by one, predicted / measured, ms"], rows)
+
+
 # --- the batch-independent part of a step (what bounds MFU at a small batch) ---------------
 
 @renderer("step-fit")

@@ -16,7 +16,7 @@ import sys
 from dataclasses import replace
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -904,6 +904,10 @@ def model_error(
     as_recorded: Annotated[bool, typer.Option(
         "--as-recorded", help="with --iterations: judge the predictions the results recorded, "
         "not today's model (--db or the shipped profile) on the same plans")] = False,
+    stages: Annotated[bool, typer.Option(
+        "--stages", help="with --iterations: stage by stage, today's model against each "
+        "plan's traced step (modules alone vs their surfaces, colocations, and the saving "
+        "predicted vs measured)")] = False,
     fit_engine_term: Annotated[list[Path] | None, typer.Option(
         "--fit-engine-term", help="instead: refit the per-step engine term on the bench results "
         "JSON under DIR (repeatable) plus --db's recorded iterations, and store it in --db")] = None,
@@ -927,6 +931,9 @@ def model_error(
         from mosaic.perf.accuracy import iteration_error, print_iteration_error
         from mosaic.perf.repredict import Repredictor
 
+        if stages:
+            _stage_error(iterations, Repredictor(db), as_json)
+            return
         report = iteration_error(iterations, repredict=None if as_recorded else Repredictor(db))
         if as_json:
             typer.echo(json.dumps(report, indent=2))
@@ -938,6 +945,16 @@ def model_error(
         typer.echo(json.dumps(result, indent=2))
     else:
         print_model_error(result)
+
+
+def _stage_error(results: Path, repredict: Any, as_json: bool) -> None:
+    from mosaic.perf.traced import print_stage_error, stage_error
+
+    report = stage_error(results, repredict)
+    if as_json:
+        typer.echo(json.dumps(report, indent=2))
+    else:
+        print_stage_error(report)
 
 
 def _refit_engine_term(results: list[Path], db: Path | None, as_json: bool,

@@ -159,6 +159,9 @@ class PlanMeasurement:
     optimizer step was launched: near the step time, the host is what bounds the step."""
     pool: dict[str, Any] = field(default_factory=dict)
     timeline: list[dict[str, Any]] = field(default_factory=list)
+    """Each module's forward and backward start and end, seconds from the step's start (the
+    median of TRACED_STEPS steps), in the results as `traced_step`: what perf.traced compares
+    with the model stage by stage."""
     gpu_util: float | None = None
     grad_error: dict[str, float] = field(default_factory=dict)
     """Per module: relative gradient difference from the reference at identical weights."""
@@ -198,6 +201,8 @@ class PlanMeasurement:
             "graph_reserved_bytes": self.graph_reserved_bytes,
             "graph_pool_bytes": self.graph_pool_bytes,
             **self._launch_summary(),
+            "traced_step": [{**e, "start_s": round(e["start_s"], 7), "end_s": round(e["end_s"], 7)}
+                            for e in self.timeline],
         }
 
     def _launch_summary(self) -> dict[str, Any]:
@@ -571,25 +576,45 @@ def _timed_rounds(s: _Setup, config: BenchConfig) -> dict[str, list[tuple[float,
     return times
 
 
+TRACED_STEPS = 3
+"""Steps whose module timeline is recorded after timing; each event is their median (one step
+jitters by tenths of a millisecond, the size of a small module's phase)."""
+
+
 def _timeline(s: _Setup, c: _Contender) -> list[dict[str, Any]]:
-    """One step's module timeline of a plan, every rank's events gathered (in memory only)."""
+    """The plan's module timeline (start and end of each module's forward and backward, every
+    rank's gathered), each event the median over TRACED_STEPS steps."""
     if c.session is None:
         return []
     runner = c.session.runner
     runner.record_timeline = True
+    steps = []
     try:
-        _zero_grads(s)
-        out = c.session.step(c.data)
-        if s.optimizer is not None:
-            s.optimizer.step()
-        events = runner.timeline(out)
+        for _ in range(TRACED_STEPS):
+            _zero_grads(s)
+            out = c.session.step(c.data)
+            if s.optimizer is not None:
+                s.optimizer.step()
+            steps.append(runner.timeline(out))
     finally:
         runner.record_timeline = False
+    events = median_events(steps)
     if s.dist.world_size > 1:
         gathered: list[Any] = [None] * s.dist.world_size
         dist.all_gather_object(gathered, events)
         events = [e for part in gathered for e in part]
     return events
+
+
+def median_events(steps: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """One event per (module, stage, phase, GPU) with the median start and end over steps."""
+    by_key: dict[tuple, list[dict[str, Any]]] = {}
+    for events in steps:
+        for e in events:
+            by_key.setdefault((e["module"], e["stage"], e["phase"], e["gpu"]), []).append(e)
+    return [{**same[0], "start_s": float(np.median([e["start_s"] for e in same])),
+             "end_s": float(np.median([e["end_s"] for e in same]))}
+            for same in by_key.values()]
 
 
 def _nvml_util(s: _Setup, c: _Contender, seconds: float) -> float | None:

@@ -54,6 +54,17 @@ class Repredictor:
         """Seconds per iteration of `row`'s plan (`sequential`: of its placements run one
         after another); None for rows without a plan (user programs) or results this model
         cannot place (unknown GPU, a plan format it cannot read)."""
+        resolved = self.resolve(report, row, sequential=sequential)
+        if resolved is None:
+            return None
+        model, plan, graph = resolved
+        return (model.iteration_time_s(plan, graph) if engine_term
+                else model.composed_time_s(plan, graph))
+
+    def resolve(self, report: dict[str, Any], row: dict[str, Any], *,
+                sequential: bool = False) -> tuple[Any, Plan, MMGraph] | None:
+        """Today's profiled model for `row`'s engine, its plan and the graph it ran; None as
+        for `predict`."""
         from mosaic.perf.engine_term import engine_kind, row_engine, sequential_plan
 
         hardware = hardware_of(report)
@@ -66,9 +77,9 @@ class Repredictor:
         engine = row_engine(report, row) or {}
         if sequential:
             plan = sequential_plan(plan)
-        return self.predict_plan(hardware, engine_kind(engine, report.get("gpus")), plan,
-                                 self.graph(report), engine_term=engine_term,
-                                 accumulation=int(engine.get("accumulation", 1)))
+        model = self._model(hardware, plan.num_gpus, engine_kind(engine, report.get("gpus")),
+                            int(engine.get("accumulation", 1)))
+        return model, plan, self.graph(report)
 
     def predict_plan(self, hardware: str, engine: str, plan: Plan, graph: MMGraph, *,
                      engine_term: bool = True, accumulation: int = 1) -> float:

@@ -1,0 +1,176 @@
+"""Stage by stage: what the model predicts against what a traced step of the engine measured.
+
+`mosaic bench` records, per plan, each module's forward and backward start and end on its
+stream (`traced_step` in the results, or `<plan>.trace.json` beside a results file written
+before that). The whole-iteration gate says how far a plan's step is off; this says where:
+
+- a stage holding one module on the whole GPU is that module alone, as the engine runs it,
+  against its profiled surface (a surface measured in other conditions than the engine's,
+  or stale, shows here first);
+- a colocated stage is the colocation as the engine runs it (forward side by side, later
+  stages, backward side by side) against the interference model's prediction;
+- where the same run traced a plan that runs those modules one by one (megatron), the
+  saving the colocation was predicted to make is set against the saving measured.
+
+A stage's measured time is, on its slowest GPU, the forward span of its modules (first start
+to last end) plus their backward span; the prediction is the model's stage compute time
+(`PerfModel.stage_compute_s`). Both leave out the gradient all-reduce, the activation
+transfers and the optimizer.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections.abc import Iterable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from mosaic.perf.results import bench_result_files, load_bench_result, superseded
+
+__all__ = ["measured_stage_s", "stage_error", "traced_events"]
+
+SEQUENTIAL_PLANNER = "megatron"
+"""The baseline whose plan runs every module alone on the whole GPU(s), stage after stage."""
+PHASES = ("fwd", "bwd")
+
+
+def traced_events(path: Path, row: dict[str, Any]) -> list[dict[str, Any]]:
+    """The row's traced step: from the results (`traced_step`), else from the Chrome trace
+    `mosaic bench --out` wrote beside them (`<results stem>/<planner>.trace.json`)."""
+    if row.get("traced_step"):
+        return list(row["traced_step"])
+    trace = path.with_suffix("") / f"{row.get('planner')}.trace.json"
+    if not trace.is_file():
+        return []
+    try:
+        events = json.loads(trace.read_text())["traceEvents"]
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError):
+        return []
+    return [{"module": e["name"], "phase": e["cat"], "gpu": e["pid"],
+             "stage": e["args"]["stage"], "start_s": e["ts"] * 1e-6,
+             "end_s": (e["ts"] + e["dur"]) * 1e-6}
+            for e in events if e.get("cat") in PHASES and "stage" in e.get("args", {})]
+
+
+def measured_stage_s(events: Iterable[dict[str, Any]], stage: int) -> float | None:
+    """Forward span plus backward span of the stage's modules on its slowest GPU; None when
+    the trace lacks either phase of the stage."""
+    spans: dict[int, dict[str, tuple[float, float]]] = {}
+    for e in events:
+        if e["stage"] != stage or e["phase"] not in PHASES:
+            continue
+        start, end = spans.setdefault(e["gpu"], {}).get(e["phase"], (e["start_s"], e["end_s"]))
+        spans[e["gpu"]][e["phase"]] = (min(start, e["start_s"]), max(end, e["end_s"]))
+    per_gpu = [sum(end - start for start, end in phases.values())
+               for phases in spans.values() if set(phases) == set(PHASES)]
+    return max(per_gpu) if per_gpu else None
+
+
+def _stage_rows(name: str, path: Path, report: dict[str, Any], row: dict[str, Any],
+                repredict: Any) -> list[dict[str, Any]]:
+    events = traced_events(path, row)
+    resolved = repredict.resolve(report, row) if events else None
+    if resolved is None:
+        return []
+    model, plan, graph = resolved
+    rows = []
+    for index, stage in enumerate(plan.stages):
+        measured = measured_stage_s(events, index)
+        if measured is None:
+            continue
+        predicted = model.stage_compute_s(stage, graph)
+        alone = {p.module: model.stage_compute_s(
+            replace(stage, sharing="temporal", placements=(replace(p, sm_share=1.0),)), graph)
+            for p in stage.placements}
+        rows.append({"file": name, "model": report.get("model"), "preset": report.get("preset"),
+                     "gpus": report.get("gpus"), "global_batch": report.get("global_batch"),
+                     "planner": row["planner"], "stage": index,
+                     "modules": [p.module for p in stage.placements], "sharing": stage.sharing,
+                     "sm_shares": [round(p.sm_share, 3) for p in stage.placements],
+                     "predicted_s": predicted, "measured_s": measured,
+                     "error": predicted / measured - 1, "predicted_alone_s": alone})
+    return rows
+
+
+def _savings(rows: list[dict[str, Any]]) -> None:
+    """Per colocated stage, the saving over the same run's one-by-one plan, both predicted and
+    measured, where that plan traced each of the stage's modules alone in one-module stages."""
+    alone: dict[tuple[str, str], dict[str, float]] = {}
+    for r in rows:
+        if r["planner"] == SEQUENTIAL_PLANNER and len(r["modules"]) == 1:
+            alone.setdefault((r["file"], r["modules"][0]), r)
+    for r in rows:
+        if len(r["modules"]) < 2:
+            continue
+        solo = [alone.get((r["file"], m)) for m in r["modules"]]
+        if any(s is None for s in solo):
+            continue
+        r["predicted_saving_s"] = sum(r["predicted_alone_s"].values()) - r["predicted_s"]
+        r["measured_saving_s"] = sum(s["measured_s"] for s in solo) - r["measured_s"]
+
+
+def stage_error(paths: str | Path | Iterable[str | Path], repredict: Any) -> dict[str, Any]:
+    """Every traced plan's stages under `paths` (superseded runs left out), today's model
+    (`repredict`, a perf.repredict.Repredictor) against the traces."""
+    rows: list[dict[str, Any]] = []
+    for name, path in bench_result_files(paths):
+        if superseded(path):
+            continue
+        report = load_bench_result(path) or {}
+        for row in report.get("results", []):
+            rows += _stage_rows(name, path, report, row, repredict)
+    _savings(rows)
+    savings = [r for r in rows if "measured_saving_s" in r]
+    predicted_saving = sum(r["predicted_saving_s"] for r in savings)
+    return {
+        "rows": rows,
+        "alone_error": _summed_error([r for r in rows if len(r["modules"]) == 1]),
+        "colocated_error": _summed_error([r for r in rows if len(r["modules"]) > 1]),
+        "median_abs_error": (statistics.median(abs(r["error"]) for r in rows) if rows
+                             else None),
+        "saving_realized": (sum(r["measured_saving_s"] for r in savings) / predicted_saving
+                            if savings and predicted_saving > 0 else None),
+    }
+
+
+def _summed_error(rows: list[dict[str, Any]]) -> float | None:
+    """Predicted over measured time, summed over the stages, minus one: weighted by time, so a
+    0.1 ms head 30% off does not outweigh a 10 ms encoder 5% off."""
+    measured = sum(r["measured_s"] for r in rows)
+    return sum(r["predicted_s"] for r in rows) / measured - 1 if measured > 0 else None
+
+
+def print_stage_error(report: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="stages of traced plans: today's model vs the engine's traced step")
+    for column in ("file", "planner", "stage", "modules", "sharing", "predicted, ms",
+                   "measured, ms", "error", "saving predicted / measured, ms"):
+        table.add_column(column)
+    for r in report["rows"]:
+        saving = (f"{r['predicted_saving_s'] * 1e3:.2f} / {r['measured_saving_s'] * 1e3:.2f}"
+                  if "measured_saving_s" in r else "–")
+        table.add_row(r["file"], r["planner"], str(r["stage"]), "+".join(r["modules"]),
+                      r["sharing"], f"{r['predicted_s'] * 1e3:.2f}",
+                      f"{r['measured_s'] * 1e3:.2f}", f"{r['error']:+.1%}", saving)
+    console = Console()
+    console.print(table)
+    console.print(summary_line(report))
+
+
+def summary_line(report: dict[str, Any]) -> str:
+    """The time-weighted errors of modules alone and of colocations, and the saving realized."""
+    def pct(x: float | None, sign: str = "+") -> str:
+        return "–" if x is None else f"{x:{sign}.1%}"
+
+    if not report["rows"]:
+        return ("no traced plans: `mosaic bench` records each plan's traced step in its "
+                "results (traced_step) from 2026-12-02 on; older results need --out's traces")
+    return (f"{len(report['rows'])} traced stages (median |error| "
+            f"{pct(report['median_abs_error'], '')}); summed over stages, modules alone "
+            f"predicted {pct(report['alone_error'])}, colocations "
+            f"{pct(report['colocated_error'])}; of the saving predicted for colocations, "
+            f"{pct(report['saving_realized'], '')} measured")
