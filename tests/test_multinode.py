@@ -29,8 +29,11 @@ def test_single_node_predictions_are_pinned():
     got = {p.planner: p.predicted_iteration_s for p in plan_all(graph, cluster, perf)}
     # Re-pinned on 2026-12-01 with the model code unchanged: the OFASys LLM's cost facts
     # changed (the zoo's attention builds no mask tensors: fewer kernels, activation bytes).
+    # Re-pinned on 2026-12-02 for a model change: a surface row keeps the whole GPU's time
+    # where the law dips below it between sampled SM counts (profiled.monotone_row); spindle
+    # moved by 0.005%, the others not at all.
     assert got == pytest.approx({"megatron": 0.07398434563060843, "distmm": 0.05991643304759775,
-                                 "spindle": 0.05846186079961489, "mosaic": 0.05774033703843878},
+                                 "spindle": 0.05846481718367638, "mosaic": 0.05774033703843878},
                                 rel=1e-12)
     analytic = AnalyticModel(cluster)
     assert analytic.allreduce_s(1e9, range(8)) == pytest.approx(0.004948611111111111, rel=1e-12)

@@ -23,9 +23,11 @@ from mosaic.perf.profiled import (
     SurfaceSet,
     fit_surface,
     interference_choice_name,
+    monotone_row,
 )
 from mosaic.plan import Placement, Plan, Stage
 from mosaic.profile.db import ColocPoint, ColocWork, ModulePoint, ProfileDB, ProfileDBError
+from mosaic.zoo import get_model
 from tests.helpers import encoders_and_head, spec
 
 CLUSTER = make_cluster(1, "h200")
@@ -473,3 +475,27 @@ def test_one_factor_is_kept_where_it_predicts_held_out_modules_better():
     assert calibration.held_out["global"] < calibration.held_out["nearest"]
     assert calibration.factor(2e-4, 0.5) == calibration.mean
     assert AnalyticCalibration.chosen({}).factor(1e-3, 1.0) == 1.0
+
+
+def test_a_surface_row_keeps_the_whole_gpus_time_where_the_law_dips_below_it():
+    """Between sampled SM counts the law can predict a quota faster than the whole GPU it
+    measured; the row rises to the whole GPU's time there instead of pulling it down."""
+    raw = np.array([40.0, 20.0, 9.0, 8.9, 9.5])  # 8.9 at 128 SMs under 9.5 on all 132
+    row = monotone_row(raw)
+    assert row[-1] == 9.5 and list(row) == [40.0, 20.0, 9.5, 9.5, 9.5]
+    assert list(monotone_row(np.array([4.0, 3.0, 2.0]))) == [4.0, 3.0, 2.0]
+    assert list(monotone_row(np.array([4.0, 5.0, 2.0]))) == [4.0, 4.0, 2.0]  # a bump is flattened
+
+
+def test_the_shipped_compiled_surfaces_never_predict_a_quota_faster_than_the_whole_gpu():
+    cluster = make_cluster(1, "h200")
+    model = ProfiledModel(cluster, engine="graphs+compile-default+grads-in-graph")
+    graph = get_model("imagebind").graph("small", global_batch=32)
+    for module in graph.modules:
+        whole = model.module_time_s(module, 32, 1.0)
+        assert all(model.module_time_s(module, 32, share) >= whole
+                   for share in (0.25, 0.5, 0.75, 0.9, 0.97))
+    audio = graph.module("audio")  # the row's whole-GPU end is the surface's own value there
+    sig = model.surfaces.signature_of(audio)
+    assert model.module_time_s(audio, 32, 1.0) == pytest.approx(
+        float(model.surfaces.surfaces[sig].predict(32, [132])[0]))
