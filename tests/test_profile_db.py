@@ -139,10 +139,14 @@ def test_batch_grid_and_coarse_points():
     assert batch_grid(1) == [1]
     sms = [*range(8, 121, 8), 132]
     pts = coarse_points(batch_grid(32), sms)
-    assert {k for _, k in pts} == {8, 16, 32, 64, 132}
+    assert {k for _, k in pts} == {8, 16, 32, 64, 96, 132}
     assert {b for b, _ in pts} == {1, 8, 32}
     assert (32, 8) not in pts and (1, 8) in pts  # low SMs only at small batches
-    assert len(pts) == len(set(pts)) == 14
+    assert len(pts) == len(set(pts)) == 17
+    # profiled up to 4x the preset batch: the preset's own batch is measured as well
+    anchored = coarse_points(batch_grid(32, 128), sms, anchor=32)
+    assert {b for b, _ in anchored} == {1, 16, 32, 128}
+    assert {b for b, _ in coarse_points(batch_grid(32, 128), sms, anchor=48)} == {1, 16, 128}
 
 
 def test_refine_follows_the_kinks_and_the_budget():
@@ -224,7 +228,7 @@ def test_profiler_orchestration_on_a_fake_gpu(tmp_path, monkeypatch):
     assert rep.num_modules == 3 and rep.num_distinct == 3 and rep.signatures == 3
     # tiny clip: global batch 8, grid to 4x = 32 (1, 2, 4, 8, 16, 32) x 16 SM counts
     assert prof.batches == [1, 2, 4, 8, 16, 32]
-    assert 3 * 14 <= rep.points <= 3 * 16 and rep.full_grid == 3 * 6 * 16
+    assert 3 * 17 <= rep.points <= 3 * 19 and rep.full_grid == 3 * 6 * 16
     assert rep.colocations == 1 * 2 * 4  # one pair (text, vision) x 2 batches x 4 modes
     colocs = db.colocations()
     assert {c.sharing for c in colocs} == {"partition", "cap", "free"}

@@ -229,7 +229,7 @@ class ModelProfiler:
             timings[(b, k)] = self.measure(name, b, self.bank.stream(k)[1])
             return timings[(b, k)].median_s
 
-        for b, k in coarse_points(self.batches, sms):
+        for b, k in coarse_points(self.batches, sms, anchor=self.graph.global_batch):
             measured[(b, k)] = run(b, k)
         coarse = set(measured)
         if time.perf_counter() < refine_until:

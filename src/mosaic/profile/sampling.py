@@ -21,7 +21,12 @@ from collections.abc import Callable, Sequence
 Point = tuple[int, int]
 """(per-GPU batch, SM count)."""
 
-COARSE_SMS = (16, 32, 64, 132)
+COARSE_SMS = (16, 32, 64, 96, 132)
+"""96: plans cap a colocated module at 64-128 SMs, and without a green-context point there the
+law reached 132 (a plain stream) from 64 alone: when the profiling budget ended before
+refinement (ImageBind's compiled surfaces, 2026-12-02), it put the audio encoder at b128 on
+104 SMs at 37.4 ms where rate-linear interpolation of its 64 and 132 points gives 40.3, and
+colocations at b128 realised 8% of the saving predicted from such rows."""
 LOW_SMS = 8
 """Measured at the small batches only: the low end of the SM axis, where big modules are slow."""
 
@@ -38,10 +43,12 @@ def _nearest(values: Sequence[int], target: int) -> int:
 
 
 def coarse_points(batches: Sequence[int], sms: Sequence[int],
-                  coarse_sms: Sequence[int] = COARSE_SMS) -> list[Point]:
-    """{min, mid, max} batches x the coarse SM counts, plus the lowest SM count at small batches."""
+                  coarse_sms: Sequence[int] = COARSE_SMS, anchor: int | None = None) -> list[Point]:
+    """{min, mid, max} batches x the coarse SM counts, plus the lowest SM count at small
+    batches. `anchor`: a batch measured too when the grid holds it (the preset's own, where
+    plans run; with the grid going to 4x it, it is neither mid nor max)."""
     mid = batches[len(batches) // 2]
-    rows = sorted({batches[0], mid, batches[-1]})
+    rows = sorted({batches[0], mid, batches[-1]} | ({anchor} & set(batches)))
     cols = sorted({_nearest(sms, k) for k in coarse_sms})
     pts = [(b, k) for b in rows for k in cols]
     low = _nearest(sms, LOW_SMS)
