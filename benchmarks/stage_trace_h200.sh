@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# PREPARED, NOT YET RUN. One H200, one device call (about 9.5 minutes), results under $1.
+# Where do colocated plans lose the saving the model predicts at 4x the preset batch (8% of it
+# realised for ImageBind `small` b128, 16-40% for CLIP b128)? Since 2026-12-02 `mosaic bench`
+# keeps each plan's traced step in its results and `mosaic model-error --iterations DIR
+# --stages` compares it with the model stage by stage. This call:
+#  1. measures ImageBind's compiled `small` surfaces again with the profiler's new first pass
+#     (96 SMs and the preset's batch 32 included; the last run's surfaces held no green-context
+#     point between 64 SMs and the whole GPU, where the plans' caps sit);
+#  2. benches ImageBind `small` at b128 with every planner, predicted from that new DB, its
+#     plans' traced steps kept in the results JSON;
+#  3. prints the whole-step and the stage-by-stage errors, old DB and new.
+# Afterwards, on the CPU: if the new surfaces predict better, copy OUT/h200.sqlite over the
+# shipped DB, refit the engine terms (`mosaic profile-recipe`, steps 7 to 9) and render.
+set -u
+OUT=${1:?usage: stage_trace_h200.sh OUT}
+mkdir -p "$OUT" /tmp/logs
+export PYTHONPATH=src PYTHONUNBUFFERED=1
+cp src/mosaic/profile/data/h200.sqlite "$OUT/h200.sqlite"
+timeout 330 python -m mosaic profile imagebind --preset small --kernels compile-default \
+  --surfaces-only --update --remeasure --budget 300 --db "$OUT/h200.sqlite" \
+  > /tmp/logs/profile_imagebind.log 2>&1
+echo "profile rc=$?"; grep -E "^\[|wrote" /tmp/logs/profile_imagebind.log | tail -n 4
+name=bench_imagebind_small_1gpu_b128
+timeout 230 python -m mosaic bench imagebind --gpus 1 --preset small --batch 128 \
+  --perf-model profiled --profile-db "$OUT/h200.sqlite" --user-programs torch-compile \
+  --rounds 3 --json > "$OUT/$name.json" 2> "/tmp/logs/$name.err"
+echo "bench rc=$?"; grep "^mosaic bench" "/tmp/logs/$name.err" | tail -n 2
+for db in src/mosaic/profile/data/h200.sqlite "$OUT/h200.sqlite"; do
+  echo "== $db"
+  python -m mosaic model-error --iterations "$OUT" --db "$db" 2>&1 | tail -n 2
+  python -m mosaic model-error --iterations "$OUT" --stages --db "$db" 2>&1 | tail -n 3
+done
+tar czf "$OUT/logs.tar.gz" -C /tmp logs
