@@ -110,3 +110,18 @@ def test_results_without_traces_say_where_traces_come_from():
                          Repredictor())
     assert result["rows"] == [] and result["saving_realized"] is None
     assert "traced_step" in summary_line(result)
+
+
+def test_model_error_stages_prints_the_table_and_writes_json():
+    from typer.testing import CliRunner
+
+    from mosaic.cli import app
+
+    args = ["model-error", "--iterations", "benchmarks/results/target-rows-h200", "--stages"]
+    out = CliRunner().invoke(app, args)
+    assert out.exit_code == 0, out.output
+    assert "stages of traced plans" in out.output and "of the saving predicted" in out.output
+    out = CliRunner().invoke(app, [*args, "--json"])
+    report = json.loads(out.output)
+    assert {r["planner"] for r in report["rows"]} == {"megatron", "distmm", "mosaic"}
+    assert report["saving_realized"] > 0
