@@ -262,3 +262,13 @@ def test_features_that_move_together_on_the_rows_are_never_fitted_together():
     assert not {"const", "params"} <= set(term.features)
     with pytest.raises(EngineTermError, match="too few"):
         fit_engine_term(rows, "eager", feature_sets=[("const", "params")])
+
+
+def test_a_feature_set_needs_more_runs_than_features():
+    """Each held-out fold fits on every run but one: with as many features as runs the fold's
+    coefficients are pinned by the runs' own noise."""
+    rows = _synthetic(groups=3)
+    term = fit_engine_term(rows, "eager")
+    assert len(term.features) <= 2
+    with pytest.raises(EngineTermError, match="too few"):
+        fit_engine_term(rows, "eager", feature_sets=[("const", "stages", "params")])

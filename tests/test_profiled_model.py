@@ -499,3 +499,35 @@ def test_the_shipped_compiled_surfaces_never_predict_a_quota_faster_than_the_who
     sig = model.surfaces.signature_of(audio)
     assert model.module_time_s(audio, 32, 1.0) == pytest.approx(
         float(model.surfaces.surfaces[sig].predict(32, [132])[0]))
+
+
+def test_a_colocations_alone_times_become_points_where_its_members_surfaces_have_none():
+    """A colocation times each member alone on its quota first, the surfaces' own method: at a
+    quota the surface never sampled that time is a point of it; where the surface has a point
+    it stays; a stale (rescaled) surface takes none."""
+    vision, audio = _specs()[:2]
+    truth = SurfaceSet(CLUSTER, {}, {}, {})
+
+    def points(sig, s):
+        return [ModulePoint(signature=sig, per_gpu_batch=b, num_sms=k, time_s=truth.time_s(s, b, k))
+                for b in (1, 8) for k in (16, 64, 132)]
+
+    def work(sig, s, k, alone_s):
+        return ColocWork(module=s.name, signature=sig, per_gpu_batch=8, num_sms=k, priority=0,
+                         alone_s=alone_s, time_s=2 * alone_s)
+
+    surfaces = SurfaceSet(CLUSTER, {"v": vision, "a": audio},
+                          {"v": points("v", vision), "a": points("a", audio)}, {})
+    at_96 = 1.2 * truth.time_s(vision, 8, 96)  # slower than the law between 64 and 132
+    colocs = [ColocPoint(model="toy", preset="tiny", sharing="partition", group_time_s=1.0, works=(
+        work("v", vision, 96, at_96), work("v", vision, 64, 9.0), work("a", audio, 96, 5.0)))
+        for _ in range(2)]
+    surfaces.rescaled["a"] = 0.5
+    assert surfaces.absorb_alone_times(colocs) == 1
+    added = [p for p in surfaces.points["v"] if p.phase == "colocation-alone"]
+    assert [(p.per_gpu_batch, p.num_sms, p.repeats) for p in added] == [(8, 96, 2)]
+    assert next(p.time_s for p in surfaces.points["v"] if p.num_sms == 64 and p.per_gpu_batch == 8) \
+        == pytest.approx(truth.time_s(vision, 8, 64))  # the surface's own point stays
+    assert surfaces.surfaces["v"].predict(8, [96])[0] == pytest.approx(at_96, rel=0.02)
+    assert len(surfaces.points["a"]) == 6
+    assert surfaces.absorb_alone_times(colocs) == 0  # each point once
