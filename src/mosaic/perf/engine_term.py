@@ -354,12 +354,12 @@ def fit_engine_term(rows: Sequence[IterationRow], engine: str,
     empty term where none beats the uncorrected prediction on held-out runs (rows whose
     error no feature explains, e.g. a host-bound step, must not bend the others')."""
     mine = [r for r in rows if r.engine == engine]
-    if len({r.group for r in mine}) < 2:
-        raise EngineTermError(
-            f"engine {engine!r}: {len(mine)} iteration rows from {len({r.group for r in mine})}"
-            " run(s); a held-out error needs at least 2 runs: add `mosaic bench` results JSON "
-            "(--fit-engine-term DIR) or autotune runs of this engine")
     runs = len({r.group for r in mine})
+    if runs < 2:
+        raise EngineTermError(
+            f"engine {engine!r}: {len(mine)} iteration rows from {runs} run(s); a held-out "
+            "error needs at least 2 runs: add `mosaic bench` results JSON (--fit-engine-term "
+            "DIR) or autotune runs of this engine")
     # Rows of one run share a model and batch: a coefficient is pinned by runs, not rows,
     # and each held-out fold trains on all runs but one (3 CLIP runs once fitted 3 features,
     # one of them +618% of the colocation saving).

@@ -474,7 +474,7 @@ class SurfaceSet:
         at that batch and SM count; several of one point: their median. Returns the points
         added. Colocations sit at the quotas plans use, 56-96 SMs where a budget-cut profile
         holds no green-context point: there the surfaces predicted ImageBind's compiled
-        encoders 7-17% fast. Stale (rescaled) surfaces take none: their points and the alone
+        encoders up to 17% fast. Stale (rescaled) surfaces take none: their points and the alone
         times measure two versions of the module."""
         found: dict[tuple[str, int, int], list[float]] = {}
         for c in colocs:
