@@ -108,8 +108,12 @@ def test_the_guard_turns_to_one_check_per_module_only_where_the_host_is_the_boun
 
 
 def test_a_nan_step_after_the_guard_turned_is_skipped_too(monkeypatch):
-    """On a CPU launching is the whole step, so the trainer turns to the per-module check
-    after five steps; a NaN at step 6 is still skipped on the device."""
+    """The trainer turns to the per-module check after five steps; a NaN at step 6 is still
+    skipped on the device. On a CPU launching is nearly the whole step, but on a loaded
+    two-core CI machine the median share once fell under HOST_BOUND: the turn is forced here
+    (test_the_guard_turns_to_one_check_per_module_only_where_the_host_is_the_bound tests the
+    threshold)."""
+    monkeypatch.setattr(GuardChoice, "HOST_BOUND", 0.0)
     clean = train(_config(steps=6), model=ToyModel("toyclip"))
     monkeypatch.setenv("MOSAIC_FAULT", "nan:rank=0:step=6")
     result = train(_config(steps=7, skip_nonfinite=True), model=ToyModel("toyclip"))
