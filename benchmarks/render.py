@@ -555,6 +555,21 @@ def stage_error_block(results: Path, arg: str | None) -> str:
          "error", "saving over one by one, predicted / measured, ms"], rows)
 
 
+@renderer("colocation-savings")
+def colocation_savings_block(results: Path, arg: str | None) -> str:
+    """Every one-GPU colocating plan under results/ARG (default: all): the saving today's model
+    composes over its placements one by one, and what it measured over the run's megatron."""
+    from mosaic.perf.repredict import Repredictor
+    from mosaic.perf.traced import colocation_savings
+
+    rows = [[r["file"], r["model"], r["preset"], str(r["global_batch"]), r["planner"],
+             f"{r['predicted_saving_s'] * 1e3:.2f}", f"{r['measured_saving_s'] * 1e3:.2f}",
+             f"{r['realized']:.0%}"]
+            for r in colocation_savings(results / (arg or "."), Repredictor())]
+    return table(["file", "model", "preset", "batch", "plan", "saving predicted, ms",
+                  "saving measured, ms", "realized"], rows)
+
+
 # --- the batch-independent part of a step (what bounds MFU at a small batch) ---------------
 
 @renderer("step-fit")

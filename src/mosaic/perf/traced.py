@@ -29,7 +29,7 @@ from typing import Any
 
 from mosaic.perf.results import bench_result_files, load_bench_result, superseded
 
-__all__ = ["measured_stage_s", "stage_error", "traced_events"]
+__all__ = ["colocation_savings", "measured_stage_s", "stage_error", "traced_events"]
 
 SEQUENTIAL_PLANNER = "megatron"
 """The baseline whose plan runs every module alone on the whole GPU(s), stage after stage."""
@@ -140,6 +140,34 @@ def _summed_error(rows: list[dict[str, Any]]) -> float | None:
     0.1 ms head 30% off does not outweigh a 10 ms encoder 5% off."""
     measured = sum(r["measured_s"] for r in rows)
     return sum(r["predicted_s"] for r in rows) / measured - 1 if measured > 0 else None
+
+
+def colocation_savings(paths: str | Path | Iterable[str | Path], repredict: Any
+                       ) -> list[dict[str, Any]]:
+    """Whole steps, no trace needed: every one-GPU plan that colocates, its composed saving
+    over its own placements run one by one (today's model, no engine term), against what it
+    measured faster than the same run's one-by-one plan (megatron). The engine term's
+    `colocation_saving` feature takes back the average shortfall; this shows where it is."""
+    rows = []
+    for name, path in bench_result_files(paths):
+        if superseded(path):
+            continue
+        report = load_bench_result(path) or {}
+        measured = {r["planner"]: r["measured_iteration_s"] for r in report.get("results", [])
+                    if r.get("measured_iteration_s")}
+        if report.get("gpus") != 1 or SEQUENTIAL_PLANNER not in measured:
+            continue
+        for row in report["results"]:
+            plan = repredict.predict(report, row, engine_term=False)
+            alone = repredict.predict(report, row, engine_term=False, sequential=True)
+            if plan is None or alone is None or alone - plan <= 1e-4:
+                continue
+            saving = measured[SEQUENTIAL_PLANNER] - row["measured_iteration_s"]
+            rows.append({"file": name, "model": report.get("model"),
+                         "preset": report.get("preset"), "global_batch": report.get("global_batch"),
+                         "planner": row["planner"], "predicted_saving_s": alone - plan,
+                         "measured_saving_s": saving, "realized": saving / (alone - plan)})
+    return rows
 
 
 def print_stage_error(report: dict[str, Any]) -> None:
