@@ -31,6 +31,6 @@ echo "bench rc=$?"; grep "^mosaic bench" "/tmp/logs/$name.err" | tail -n 2
 for db in src/mosaic/profile/data/h200.sqlite "$OUT/h200.sqlite"; do
   echo "== $db"
   python -m mosaic model-error --iterations "$OUT" --db "$db" 2>&1 | tail -n 2
-  python -m mosaic model-error --iterations "$OUT" --stages --db "$db" 2>&1 | tail -n 3
+  python -m mosaic model-error --iterations "$OUT" --stages --db "$db" 2>&1 | tail -n 8
 done
 tar czf "$OUT/logs.tar.gz" -C /tmp logs

@@ -140,3 +140,24 @@ def test_whole_step_savings_show_the_colocations_that_fall_short_at_4x_batches()
     assert 0.8 < b32["realized"] < 1.4 and b128["realized"] < 0.2
     assert b128["measured_saving_s"] == pytest.approx(78.62e-3 - 77.80e-3, abs=0.01e-3)
     assert all(r["planner"] != "megatron" for r in rows)  # one by one: nothing to save
+
+
+def test_a_module_the_engine_ran_far_from_its_surface_is_called_stale_with_the_command():
+    from mosaic.perf.traced import suspect_surfaces
+
+    def row(module, predicted, measured, modules=None):
+        return {"file": "run.json", "planner": "megatron", "model": "imagebind", "preset": "small",
+                "kernels": "compile-default", "modules": modules or [module],
+                "predicted_s": predicted, "measured_s": measured,
+                "error": predicted / measured - 1}
+
+    rows = [row("audio", 20e-3, 10e-3), row("audio", 21e-3, 10e-3),  # one line per module
+            row("vision", 10.5e-3, 10e-3),             # within the drift tolerance
+            row("align", 0.05e-3, 0.12e-3),            # a head: launch and hand-off, not judged
+            row("text", 2e-3, 6e-3, modules=["text", "vision"])]  # colocated: interference
+    (line,) = suspect_surfaces(rows)
+    assert line.startswith("imagebind audio (`small`, run.json, megatron)")
+    assert "`mosaic profile imagebind --preset small --kernels compile-default --surfaces-only " \
+        "--update --remeasure`" in line
+    result = stage_error("benchmarks/results/target-rows-h200", Repredictor())
+    assert result["suspect_surfaces"] == []  # ImageBind b32: every module within 10%

@@ -823,13 +823,18 @@ class ProfiledModel(PerfModel):
         return f"comm: {'; '.join(parts)}{tail}{across}"
 
 
+def remeasure_command(model: str, preset: str, kernels: str) -> str:
+    """The command that measures a model's surfaces of these kernels again, replacing them."""
+    flag = "" if kernels == "eager" else f" --kernels {kernels}"
+    return (f"`mosaic profile {model} --preset {preset}{flag} --surfaces-only --update "
+            "--remeasure`")
+
+
 def drift_finding(drift: Mapping[str, Any], kernels: str) -> str:
     """What SurfaceSet.drift found for one module, and the command that measures it again."""
-    flag = "" if kernels == "eager" else f" --kernels {kernels}"
     return (f"its {kernels} surface says {drift['surface_over_measured']:.2f}x the alone time "
             f"measured beside {drift['colocations']} colocations; stale? measure it again: "
-            f"`mosaic profile {drift['model']} --preset {drift['preset']}{flag} --surfaces-only "
-            "--update --remeasure`")
+            f"{remeasure_command(drift['model'], drift['preset'], kernels)}")
 
 
 def interference_choice_name(kernels: str) -> str:

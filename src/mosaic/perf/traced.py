@@ -27,6 +27,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from mosaic.perf.profiled import SURFACE_DRIFT, remeasure_command
 from mosaic.perf.results import bench_result_files, load_bench_result, superseded
 
 __all__ = ["colocation_savings", "measured_stage_s", "stage_error", "traced_events"]
@@ -85,6 +86,7 @@ def _stage_rows(name: str, path: Path, report: dict[str, Any], row: dict[str, An
             replace(stage, sharing="temporal", placements=(replace(p, sm_share=1.0),)), graph)
             for p in stage.placements}
         rows.append({"file": name, "model": report.get("model"), "preset": report.get("preset"),
+                     "kernels": model.surfaces.prefer,
                      "gpus": report.get("gpus"), "global_batch": report.get("global_batch"),
                      "planner": row["planner"], "stage": index,
                      "modules": [p.module for p in stage.placements], "sharing": stage.sharing,
@@ -132,6 +134,7 @@ def stage_error(paths: str | Path | Iterable[str | Path], repredict: Any) -> dic
                              else None),
         "saving_realized": (sum(r["measured_saving_s"] for r in savings) / predicted_saving
                             if savings and predicted_saving > 0 else None),
+        "suspect_surfaces": suspect_surfaces(rows),
     }
 
 
@@ -140,6 +143,29 @@ def _summed_error(rows: list[dict[str, Any]]) -> float | None:
     0.1 ms head 30% off does not outweigh a 10 ms encoder 5% off."""
     measured = sum(r["measured_s"] for r in rows)
     return sum(r["predicted_s"] for r in rows) / measured - 1 if measured > 0 else None
+
+
+STALE_MIN_S = 1e-3
+"""One-module stages shorter than this are not judged for staleness: a head of 0.1 ms is mostly
+launch and stream hand-off, which no surface of the module holds."""
+
+
+def suspect_surfaces(rows: Iterable[dict[str, Any]],
+                     tolerance: float = SURFACE_DRIFT) -> list[str]:
+    """A module the engine ran alone (a one-module stage) further from its surface than the
+    drift check allows: the same finding as a colocation's alone times give
+    (SurfaceSet.drift), from any traced bench run; one line each, with the command."""
+    found = {}
+    for r in rows:
+        if (len(r["modules"]) == 1 and r["measured_s"] >= STALE_MIN_S
+                and abs(r["error"]) > tolerance):
+            key = (r["model"], r["preset"], r["modules"][0], r["kernels"])
+            found.setdefault(key, r)
+    return [f"{model} {module} (`{preset}`, {r['file']}, {r['planner']}): the engine ran it "
+            f"alone in {r['measured_s'] * 1e3:.2f} ms, its {kernels} surface says "
+            f"{r['predicted_s'] * 1e3:.2f}; stale? measure it again: "
+            f"{remeasure_command(model, preset, kernels)}"
+            for (model, preset, module, kernels), r in found.items()]
 
 
 def colocation_savings(paths: str | Path | Iterable[str | Path], repredict: Any
@@ -187,6 +213,8 @@ def print_stage_error(report: dict[str, Any]) -> None:
     console = Console()
     console.print(table)
     console.print(summary_line(report))
+    for line in report["suspect_surfaces"]:
+        console.print(line)
 
 
 def summary_line(report: dict[str, Any]) -> str:
