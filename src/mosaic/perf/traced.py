@@ -12,6 +12,9 @@ before that). The whole-iteration gate says how far a plan's step is off; this s
 - where the same run traced a plan that runs those modules one by one (megatron), the
   saving the colocation was predicted to make is set against the saving measured.
 
+Without traces, `colocation_savings` sets each one-GPU colocating plan's whole-step saving over
+its placements run one by one against what it measured faster than the run's megatron plan.
+
 A stage's measured time is, on its slowest GPU, the forward span of its modules (first start
 to last end) plus their backward span; the prediction is the model's stage compute time
 (`PerfModel.stage_compute_s`). Both leave out the gradient all-reduce, the activation
@@ -27,6 +30,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from mosaic.perf.engine_term import sequential_plan
 from mosaic.perf.profiled import SURFACE_DRIFT, remeasure_command
 from mosaic.perf.results import bench_result_files, load_bench_result, superseded
 
@@ -77,14 +81,14 @@ def _stage_rows(name: str, path: Path, report: dict[str, Any], row: dict[str, An
         return []
     model, plan, graph = resolved
     rows = []
-    for index, stage in enumerate(plan.stages):
+    for index, (stage, one_by_one) in enumerate(zip(plan.stages, sequential_plan(plan).stages,
+                                                    strict=True)):
         measured = measured_stage_s(events, index)
         if measured is None:
             continue
         predicted = model.stage_compute_s(stage, graph)
-        alone = {p.module: model.stage_compute_s(
-            replace(stage, sharing="temporal", placements=(replace(p, sm_share=1.0),)), graph)
-            for p in stage.placements}
+        alone = {p.module: model.stage_compute_s(replace(one_by_one, placements=(p,)), graph)
+                 for p in one_by_one.placements}
         rows.append({"file": name, "model": report.get("model"), "preset": report.get("preset"),
                      "kernels": model.surfaces.prefer,
                      "gpus": report.get("gpus"), "global_batch": report.get("global_batch"),
