@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# PREPARED, NOT YET RUN. One H200, one device call (about 9.5 minutes), results under $1.
+# One H200, one device call (6.6 minutes on 2026-12-02: results/stage-trace-h200/, its DB
+# shipped), results under $1.
 # Where do colocated plans lose the saving the model predicts at 4x the preset batch (8% of it
 # realised for ImageBind `small` b128, 16-40% for CLIP b128)? Since 2026-12-02 `mosaic bench`
 # keeps each plan's traced step in its results and `mosaic model-error --iterations DIR
