@@ -14,11 +14,7 @@ set -u
 OUT=${1:?usage: imagebind_remeasure_h200.sh OUT}
 mkdir -p "$OUT" /tmp/logs
 export PYTHONPATH=src PYTHONUNBUFFERED=1
-cp src/mosaic/profile/data/h200.sqlite "$OUT/h200.sqlite"
-timeout 420 python -m mosaic profile imagebind --preset small --kernels compile-default \
-  --surfaces-only --update --remeasure --budget 390 --db "$OUT/h200.sqlite" \
-  > /tmp/logs/remeasure_imagebind.log 2>&1
-echo "profile rc=$?"; grep -E "^\[|points of|wrote" /tmp/logs/remeasure_imagebind.log | tail -n 6
+BUDGET=390 TIMEOUT=420 bash benchmarks/reprofile_unmasked_h200.sh "$OUT" imagebind
 python -m mosaic model-error --iterations benchmarks/results/compiled-colocations-h200 \
   --db "$OUT/h200.sqlite" --json > "$OUT/iterations_imagebind_b128.json" 2> /tmp/logs/iter.err
 echo "iterations rc=$?"

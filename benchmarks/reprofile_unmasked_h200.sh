@@ -13,15 +13,19 @@
 # measures the named models' modules again and replaces each surface whole. About a minute
 # per module on a warm Inductor cache (CLIP 3 modules, ImageBind 4, Unified-IO 2 4, Qwen3-VL 3,
 # OFASys 8): two or three models fit one call. The budget stops a call in time; what it
-# measured stays (run the rest next call).
+# measured stays (run the rest next call). BUDGET (seconds, default 520) and TIMEOUT (default
+# BUDGET + 40) size it for a call that does more afterwards (stage_trace_h200.sh,
+# imagebind_remeasure_h200.sh).
 set -u
 OUT=${1:?usage: reprofile_unmasked_h200.sh OUT MODEL...}; shift
 mkdir -p "$OUT" /tmp/logs
 export PYTHONPATH=src PYTHONUNBUFFERED=1
 DB=src/mosaic/profile/data/h200.sqlite
 cp "$DB" "$OUT/h200.sqlite"
-timeout 560 python -m mosaic profile "$@" --preset "${PRESET:-small}" --kernels "${KERNELS:-compile-default}" \
-  --surfaces-only --update --remeasure --budget 520 --db "$OUT/h200.sqlite" \
+BUDGET=${BUDGET:-520}
+timeout "${TIMEOUT:-$((BUDGET + 40))}" python -m mosaic profile "$@" --preset "${PRESET:-small}" \
+  --kernels "${KERNELS:-compile-default}" --surfaces-only --update --remeasure \
+  --budget "$BUDGET" --db "$OUT/h200.sqlite" \
   > /tmp/logs/reprofile_unmasked.log 2>&1
 echo "profile rc=$?"; grep -E "^\[|points of|wrote" /tmp/logs/reprofile_unmasked.log | tail -n 12
 tar czf "$OUT/logs.tar.gz" -C /tmp logs

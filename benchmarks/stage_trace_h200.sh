@@ -18,12 +18,8 @@ set -u
 OUT=${1:?usage: stage_trace_h200.sh OUT}
 mkdir -p "$OUT" /tmp/logs
 export PYTHONPATH=src PYTHONUNBUFFERED=1
-cp src/mosaic/profile/data/h200.sqlite "$OUT/h200.sqlite"
 # The first pass is no longer cut by the budget (88 points, about 250 s, plus 80 s compiling).
-timeout 390 python -m mosaic profile imagebind --preset small --kernels compile-default \
-  --surfaces-only --update --remeasure --budget 300 --db "$OUT/h200.sqlite" \
-  > /tmp/logs/profile_imagebind.log 2>&1
-echo "profile rc=$?"; grep -E "^\[|wrote" /tmp/logs/profile_imagebind.log | tail -n 4
+BUDGET=300 TIMEOUT=390 bash benchmarks/reprofile_unmasked_h200.sh "$OUT" imagebind
 name=bench_imagebind_small_1gpu_b128
 timeout 170 python -m mosaic bench imagebind --gpus 1 --preset small --batch 128 \
   --planners megatron,mosaic --perf-model profiled --profile-db "$OUT/h200.sqlite" \
