@@ -208,6 +208,13 @@ def test_remeasure_without_update_is_refused(cli, tmp_path):
     nothing_written(tmp_path)
 
 
+def test_busy_only_without_update_is_refused(cli, tmp_path):
+    refused(cli("profile", "clip", "--busy-only", "--db", "p.sqlite"), "--busy-only", "--update")
+    refused(cli("profile", "clip", "--busy-only", "--surfaces-only", "--update", "--db",
+                "p.sqlite"), "--busy-only", "--surfaces-only")
+    nothing_written(tmp_path)
+
+
 # --- error classes ---------------------------------------------------------------------------
 def test_every_user_error_class_is_a_mosaic_error():
     from mosaic.cli import OptionError

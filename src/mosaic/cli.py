@@ -775,7 +775,13 @@ def profile(
     kernels: Annotated[KernelsName, typer.Option(
         help="eager modules, or each module behind Inductor as the engine runs it")] = KernelsName.eager,
     surfaces_only: Annotated[bool, typer.Option(
-        "--surfaces-only", help="skip the bandwidth signatures and colocations")] = False,
+        "--surfaces-only", help="skip the bandwidth signatures, busy fractions and "
+        "colocations")] = False,
+    busy_only: Annotated[bool, typer.Option(
+        "--busy-only", help="with --update: measure only each module's busy fraction (two "
+        "copies side by side against one alone, at the grid's middle, preset and largest "
+        "batches), which bounds what colocating it can save; pairs --db holds are kept (with "
+        "--remeasure: measured again)")] = False,
     update: Annotated[bool, typer.Option(
         "--update", help="add to the existing --db (keeping its modules, comm curves and "
         "fits) instead of replacing it; modules it already holds are skipped, and what a "
@@ -801,6 +807,9 @@ def profile(
         _fail("name the zoo models to profile (e.g. `mosaic profile clip imagebind`), or pass "
               "--collectives under torchrun")
 
+    if busy_only and (surfaces_only or not update):
+        _fail("--busy-only adds busy fractions to the surfaces of an existing --db: pass "
+              "--update, and not --surfaces-only (which skips them)")
     if remeasure and not update:
         _fail("--remeasure replaces modules' surfaces in an existing --db: add --update (without "
               "it the DB is made anew and every module is measured anyway)")
@@ -811,7 +820,9 @@ def profile(
         _fail("mosaic profile measures on a CUDA GPU and this machine has none; run it on the "
               "GPU to profile, or plan here with the shipped profile (--perf-model profiled)")
     db.parent.mkdir(parents=True, exist_ok=True)
-    skip = {"antagonist": False, "max_pairs": 0, "max_triples": 0} if surfaces_only else {}
+    no_colocations = {"antagonist": False, "max_pairs": 0, "max_triples": 0}
+    skip = ({**no_colocations, "busy_batches": ()} if surfaces_only
+            else {**no_colocations, "surfaces": False} if busy_only else {})
     config = ProfilerConfig(hardware=str(hardware), preset=str(preset), budget_s=budget_s,
                             kernels=str(kernels), **skip)
     if update:  # each module's points commit as one transaction: a stopped run keeps them
@@ -820,8 +831,8 @@ def profile(
         with atomic_path(db) as tmp:  # the old DB stays until the new one is complete
             reports = profile_models(models_, str(tmp), config)
     for r in reports:
-        typer.echo(f"{r.model}: {r.points} of {r.full_grid} grid points, {r.colocations} "
-                   f"colocations, {r.wall_s:.1f} s{'; ' + '; '.join(r.notes) if r.notes else ''}")
+        typer.echo(f"{r.model}: {r.points} of {r.full_grid} grid points, {r.busy} busy "
+                   f"fractions, {r.colocations} colocations, {r.wall_s:.1f} s{'; ' + '; '.join(r.notes) if r.notes else ''}")
     if any(r.colocations for r in reports):  # else a model would refit on every load
         from mosaic.perf.accuracy import stale_surface_advice, store_interference_fits
 

@@ -56,6 +56,22 @@ def test_colocated_group_times_each_member(bank):
     assert both.members_s[0] < 1.6 * alone.median_s
 
 
+def test_two_copies_of_a_module_that_fills_the_gpu_take_about_twice_one(bank):
+    """The busy-fraction measurement: two graphs of one module (own pools) side by side on
+    free streams. Large GEMMs fill the H200, so the pair takes nearly twice one alone."""
+    from mosaic.profile.graph_timing import GraphBench, TimingConfig, time_group
+
+    module, x = _mlp()
+    bench = GraphBench(module, [x])
+    _, streams, _ = bank.group("free", [bank.full_sms, bank.full_sms], [0, 0])
+    graphs = [bench.capture(s) for s in streams]
+    timing = TimingConfig(clock=bank.clock)
+    alone = time_group([(graphs[0].replay, streams[0])], timing).median_s
+    pair = time_group([(g.replay, s) for g, s in zip(graphs, streams, strict=True)], timing)
+    assert not bench.eager
+    assert 0.85 < pair.median_s / (2 * alone) < 1.2, (alone, pair)
+
+
 def test_a_graph_survives_the_idle_cache_release_before_the_next_capture(bank, monkeypatch):
     """A colocation captures every member before replaying any. The cache release before a
     capture once freed the cuBLAS workspaces too, and the first graph's GEMMs point into its
@@ -131,3 +147,29 @@ def test_remeasure_replaces_the_named_models_surfaces_and_update_alone_keeps_the
     assert again[0].points == len(now) > 0
     assert {key[0] for key in now} == {key[0] for key in first}
     assert marker_s not in now.values()
+
+
+def test_busy_only_adds_busy_fractions_to_the_surfaces_it_keeps(tmp_path):
+    """`--busy-only --update`: every distinct module gets a busy fraction at each busy batch,
+    and the surfaces and the optimizer fit stay as they were."""
+    from mosaic.profile.db import ProfileDB
+    from mosaic.profile.profiler import ProfilerConfig, profile_models
+
+    path = str(tmp_path / "p.sqlite")
+    fast = {"budget_s": 60.0, "antagonist": False, "max_pairs": 0, "max_triples": 0,
+            "refine_budget": 0}
+    profile_models(["clip"], path, ProfilerConfig(preset="tiny", busy_batches=(), **fast))
+    with ProfileDB.open(path) as db:
+        before = (db.points(), db.fits())
+        assert db.busy() == []
+    reports = profile_models(["clip"], path, ProfilerConfig(
+        preset="tiny", surfaces=False, busy_batches=("min", "max"), **fast), update=True)
+    with ProfileDB.open(path) as db:
+        assert (db.points(), db.fits()) == before
+        busy = db.busy()
+        sigs = {m.signature for m in db.modules()}
+    assert {p.signature for p in busy} == sigs and reports[0].busy == len(busy) == 2 * len(sigs)
+    assert all(0.4 < p.fraction < 2.5 and p.alone_s > 0 for p in busy), busy
+    again = profile_models(["clip"], path, ProfilerConfig(
+        preset="tiny", surfaces=False, busy_batches=("min", "max"), **fast), update=True)
+    assert again[0].busy == 0  # what the DB holds is kept: a stopped run resumes

@@ -19,7 +19,15 @@ active modules (three variants, for the planner ablation):
 - `unaware`: s_i = 1
 - `linear`:  s_i = 1 + alpha * sum_{j != i} d_j
 - `aware`:   s_i = 1 + alpha * v_i**p * (sum_{j != i} d_j)**q      (the paper's Eq. 8 role)
-and the group time is stretched by (1 + kappa * (n - 1)) for stream overheads. Pure Python on
+Then, where every module of the phase has a measured busy fraction beta_i (the share of the
+whole GPU it keeps busy alone at its batch: two copies side by side over twice one alone), the
+phase may not do more than one GPU's worth of busy work: if sum_i rate_i * beta_i * T_i(full)
+exceeds 1, every rate is divided by that sum; and the group, its stream-overhead stretch
+included, ends no sooner than sum_i beta_i * T_i(full). A green-context surface makes a module on k SMs
+do more per SM than on the whole GPU (caches and bandwidth to itself), which neighbours that
+fill the GPU take back: ImageBind's encoders side by side at b128 ran in the time they take
+one after another (traced, 2026-12-02), where the allocation alone predicted 12% less.
+The group time is stretched by (1 + kappa * (n - 1)) for stream overheads. Pure Python on
 small lists: the fit evaluates it thousands of times.
 """
 
@@ -36,6 +44,8 @@ from mosaic.errors import MosaicError
 from mosaic.graph import ModuleSpec
 
 VARIANTS = ("aware", "unaware", "linear")
+BUSY_BOUNDED = ("partition", "cap", "free")
+"""Sharing modes whose phases the busy fractions bound."""
 SATURATION = 1.05
 """A module saturates at the fewest SMs within 5% of its time on all the SMs it may use."""
 
@@ -64,6 +74,9 @@ class CoWork:
     sensitivity: float | None = None
     """Slowdown - 1 next to a bandwidth-saturating antagonist (None: use the demand)."""
     priority: int = 0
+    busy: float | None = None
+    """Fraction of the whole GPU the module keeps busy alone on it at this batch (measured,
+    db.BusyPoint); None: not measured, and a phase it runs in is not bounded."""
     sat: float = field(init=False)
 
     def __post_init__(self) -> None:
@@ -111,6 +124,8 @@ class InterferenceParams:
     """Co-residency: concurrent kernels share an SM's idle issue slots, so free and cap
     sharing split (1 + overlap) x the GPU's SMs (none gets more than it can use)."""
     kappa: float = 0.0
+    busy_bound: bool = True
+    """Bound each phase by one GPU's worth of busy work where the busy fractions are known."""
     fitted_on: int = 0
     """Colocations the coefficients were fitted to (0: defaults)."""
     train_mape: float | None = None
@@ -188,6 +203,8 @@ def finish_times_s(params: InterferenceParams, works: Sequence[CoWork], sharing:
         sms = _allocate(params, group, sharing, full)
         slow = slowdowns(params, group, sms)
         rates = [1.0 / (w.time_at(max(k, 1e-3)) * s) for w, k, s in zip(group, sms, slow, strict=True)]
+        if params.busy_bound and sharing in BUSY_BOUNDED:
+            rates = within_capacity(group, rates)
         dt = min((1.0 - progress[i]) / r for i, r in zip(active, rates, strict=True))
         t += dt
         for i, r in zip(list(active), rates, strict=True):
@@ -196,7 +213,28 @@ def finish_times_s(params: InterferenceParams, works: Sequence[CoWork], sharing:
                 ends[i] = t
                 active.remove(i)
     stretch = 1.0 + params.kappa * (len(works) - 1)
-    return [e * stretch for e in ends]
+    ends = [e * stretch for e in ends]
+    floor = busy_work_s(works) if params.busy_bound and sharing in BUSY_BOUNDED else 0.0
+    # A fitted stretch below 1 (kappa < 0) must not beat the GPU's capacity either.
+    return ends if floor <= max(ends) else [e * floor / max(ends) for e in ends]
+
+
+def busy_work_s(works: Sequence[CoWork]) -> float:
+    """Seconds of one whole GPU kept busy by the works one after another (0 where a busy
+    fraction is unknown): no colocation of them ends sooner."""
+    if any(w.busy is None for w in works):
+        return 0.0
+    return sum(w.busy * w.full_s for w in works)
+
+
+def within_capacity(works: Sequence[CoWork], rates: list[float]) -> list[float]:
+    """`rates` slowed alike so that the works together keep at most one whole GPU busy
+    (sum of rate x busy fraction x whole-GPU time <= 1); unchanged where a busy fraction
+    is unknown."""
+    if len(works) < 2 or any(w.busy is None for w in works):
+        return rates
+    load = sum(r * w.busy * w.full_s for w, r in zip(works, rates, strict=True))
+    return rates if load <= 1.0 else [r / load for r in rates]
 
 
 def group_time_s(params: InterferenceParams, works: Sequence[CoWork], sharing: str) -> float:

@@ -55,6 +55,7 @@ from mosaic.plan import Plan
 from mosaic.profile.db import (
     COMM_KINDS,
     P2P_KINDS,
+    BusyPoint,
     ColocPoint,
     FitRecord,
     ModulePoint,
@@ -75,6 +76,9 @@ RBF_SMOOTHING = 1e-3
 SURFACE_DRIFT = 0.25
 """A surface is suspect when it misses the alone times measured beside colocations by this
 much (median over them); the surfaces of modules that match their code agree within ~8%."""
+BUSY_RANGE = (0.5, 2.0)
+"""Busy fractions used: two copies take at least one's time, and at most twice the
+sequential time (a measurement outside is noise or a broken run)."""
 MIN_KERNEL_COLOCATIONS = 12
 """Colocations of the engine's own kernels before their interference fit replaces the eager
 one (a profiled model measures four groups per sharing mode at each batch it picks)."""
@@ -307,11 +311,12 @@ class SurfaceSet:
 
     def __init__(self, cluster: ClusterSpec, specs: dict[str, ModuleSpec],
                  points: dict[str, list[ModulePoint]], sensitivity: dict[str, float],
-                 kernels: dict[str, str] | None = None, prefer: str = "eager") -> None:
+                 kernels: dict[str, str] | None = None, prefer: str = "eager",
+                 busy: Sequence[BusyPoint] = ()) -> None:
         """`kernels`: signature -> the kernels it was profiled with (absent: eager); `prefer`:
         the kernels predictions are for. A module without a surface of those kernels uses
         its eager surface (the engine term absorbs the difference) and is counted in
-        `fallbacks`."""
+        `fallbacks`. `busy`: measured busy fractions (interference.py's capacity bound)."""
         self.kernels = kernels or {}
         self.prefer = prefer
         self.fallbacks: set[str] = set()
@@ -328,6 +333,10 @@ class SurfaceSet:
         self._match: dict[ModuleSpec, str | None] = {}
         self.rescaled: dict[str, float] = {}
         """signature -> factor its surface is scaled by (rescale_stale)."""
+        self.busy: dict[str, list[tuple[int, float]]] = {}
+        """signature -> [(per-GPU batch, busy fraction)], batches ascending."""
+        for p in sorted(busy, key=lambda p: p.per_gpu_batch):
+            self.busy.setdefault(p.signature, []).append((p.per_gpu_batch, p.fraction))
 
     @classmethod
     def from_db(cls, db: ProfileDB, cluster: ClusterSpec, prefer: str = "eager") -> SurfaceSet:
@@ -337,7 +346,8 @@ class SurfaceSet:
         for p in db.points():
             points.setdefault(p.signature, []).append(p)
         return cls(cluster, specs, points, _sensitivities(db),
-                   kernels={r.signature: r.kernels for r in records}, prefer=prefer)
+                   kernels={r.signature: r.kernels for r in records}, prefer=prefer,
+                   busy=db.busy())
 
     def kernels_of(self, sig: str | None) -> str:
         return self.kernels.get(sig, "eager")
@@ -418,6 +428,17 @@ class SurfaceSet:
         idx = int(np.searchsorted(self.grid, num_sms))
         return float(self.row(spec, per_gpu_batch)[min(idx, len(self.grid) - 1)])
 
+    def busy_fraction(self, signature: str | None, per_gpu_batch: int) -> float | None:
+        """The module's measured busy fraction at this batch: interpolated in log batch
+        between measured batches, the nearest one's outside them; None where none was
+        measured. Clipped to [BUSY_RANGE]: below half, two copies would beat one alone."""
+        found = self.busy.get(signature or "")
+        if not found:
+            return None
+        batches, fractions = zip(*found, strict=True)
+        value = np.interp(np.log(per_gpu_batch), np.log(batches), fractions)
+        return float(np.clip(value, *BUSY_RANGE))
+
     def cowork(self, spec: ModuleSpec, b: int, limit: int, priority: int = 0,
                alone_s: float = 0.0, signature: str | None = None) -> CoWork:
         """The interference model's view of a module on at most `limit` SMs; a measured
@@ -429,7 +450,7 @@ class SurfaceSet:
                       limit=float(limit),
                       memory_s=module_bytes(spec, b) / self.gpu.mem_bandwidth_bps,
                       sensitivity=self.sensitivity.get(sig, self.default_sensitivity),
-                      priority=priority)
+                      priority=priority, busy=self.busy_fraction(sig, b))
         if alone_s > 0:
             scale = alone_s / work.alone_s
             work = replace(work, times=tuple(t * scale for t in work.times))

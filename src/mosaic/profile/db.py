@@ -94,11 +94,13 @@ def colocation_kernels(point: ColocPoint, kernels: Mapping[str, str]) -> str | N
     return kinds.pop() if len(kinds) == 1 else None
 
 
-def profile_meta_key(kernels: str, preset: str, colocations: bool) -> str:
+def profile_meta_key(kernels: str, preset: str, colocations: bool,
+                     busy_only: bool = False) -> str:
     """The meta key under which `mosaic profile --update` records its settings: a run that
-    measured colocations apart from a surfaces-only run of the same kernels and preset, so
-    neither hides the other's budget."""
-    return f"profile.{kernels}.{preset}" + (".colocations" if colocations else "")
+    measured colocations apart from a surfaces-only run of the same kernels and preset, and a
+    busy-only run apart from both, so none hides another's budget."""
+    return (f"profile.{kernels}.{preset}" + (".colocations" if colocations else "")
+            + (".busy" if busy_only else ""))
 
 
 TOPOLOGY_KEY = "comm_topology"
@@ -140,6 +142,12 @@ CREATE TABLE fits (
 """ + _NAMED_POINTS
 
 
+_BUSY = """
+CREATE TABLE IF NOT EXISTS busy (
+  signature TEXT NOT NULL, per_gpu_batch INTEGER NOT NULL, alone_s REAL NOT NULL,
+  pair_s REAL NOT NULL, spread REAL NOT NULL, repeats INTEGER NOT NULL,
+  PRIMARY KEY (signature, per_gpu_batch));
+"""
 _ITERATIONS = """
 CREATE TABLE IF NOT EXISTS iterations (
   plan_json TEXT NOT NULL, label TEXT NOT NULL, model TEXT NOT NULL, preset TEXT NOT NULL,
@@ -215,6 +223,26 @@ class SignaturePoint:
     @property
     def slowdown(self) -> float:
         return self.with_antagonist_s / self.alone_s if self.alone_s > 0 else 1.0
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class BusyPoint:
+    """How much of the whole GPU a module keeps busy at one per-GPU batch: two copies of it
+    run side by side on the whole GPU (free sharing, separate CUDA graphs) against one alone.
+    A module that saturates the GPU takes twice as long for two copies; one that leaves SMs
+    or bandwidth idle takes less."""
+
+    signature: str
+    per_gpu_batch: int
+    alone_s: float
+    pair_s: float
+    spread: float = 0.0
+    repeats: int = 1
+
+    @property
+    def fraction(self) -> float:
+        """pair / (2 x alone): 1 where two copies take exactly twice one."""
+        return self.pair_s / (2.0 * self.alone_s) if self.alone_s > 0 else 1.0
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -429,7 +457,9 @@ class ProfileDB:
         (a module whose facts changed, e.g. new kernels, and was profiled again: the old points
         measured something the zoo no longer runs). Returns the rows deleted."""
         deleted = 0
-        for table in ("module_points", "signatures"):
+        for table in ("module_points", "signatures", "busy"):
+            if not self.has_table(table):
+                continue
             deleted += self.conn.execute(
                 f"DELETE FROM {table} WHERE signature NOT IN (SELECT signature FROM modules)"
             ).rowcount
@@ -443,13 +473,16 @@ class ProfileDB:
 
     def replace_points(self, signature: str, points: list[ModulePoint]) -> None:
         """A module's surface measured again: its old points go and the new ones come in one
-        transaction, so no surface is ever a mix of two runs, nor lost to a stopped one."""
+        transaction, so no surface is ever a mix of two runs, nor lost to a stopped one. Its
+        busy fractions go too: they measured the module as it ran before."""
         if self.readonly:
             raise ProfileDBError(f"{self.path} is open read-only; open it with readonly=False to write")
         if any(p.signature != signature for p in points):
             raise ProfileDBError(f"replace_points({signature!r}) got points of another signature")
         with self.conn:
             self.conn.execute("DELETE FROM module_points WHERE signature = ?", (signature,))
+            if self.has_table("busy"):
+                self.conn.execute("DELETE FROM busy WHERE signature = ?", (signature,))
             self.conn.executemany("INSERT INTO module_points VALUES (?, ?, ?, ?, ?, ?, ?)",
                                   [(p.signature, p.per_gpu_batch, p.num_sms, p.time_s, p.spread,
                                     p.repeats, p.phase) for p in points])
@@ -498,6 +531,20 @@ class ProfileDB:
                       r.predicted_s, r.engine_term_s, r.measured_s, r.engine, r.perf_model,
                       r.date) for r in records])
 
+    def add_busy(self, points: list[BusyPoint]) -> None:
+        """Store busy fractions (a module measured again at a batch replaces its old row),
+        creating the table in a DB made before it existed."""
+        if not self.readonly:
+            self.conn.execute(_BUSY)
+        self._write("INSERT OR REPLACE INTO busy VALUES (?, ?, ?, ?, ?, ?)",
+                    [(p.signature, p.per_gpu_batch, p.alone_s, p.pair_s, p.spread, p.repeats)
+                     for p in points])
+
+    def drop_busy(self, signatures: set[str]) -> None:
+        """Forget these modules' busy fractions (to measure them again)."""
+        if self.has_table("busy"):
+            self._write("DELETE FROM busy WHERE signature = ?", [(s,) for s in sorted(signatures)])
+
     # readers ----------------------------------------------------------------------------------
     def has_table(self, name: str) -> bool:
         return self.conn.execute("SELECT 1 FROM sqlite_master WHERE name = ?",
@@ -512,6 +559,14 @@ class ProfileDB:
                                 global_batch=r[4], num_gpus=r[5], predicted_s=r[6],
                                 engine_term_s=r[7], measured_s=r[8], engine=r[9],
                                 perf_model=r[10], date=r[11]) for r in rows]
+
+    def busy(self) -> list[BusyPoint]:
+        """Measured busy fractions ([] in a DB made before the table existed)."""
+        if not self.has_table("busy"):
+            return []
+        rows = self.conn.execute("SELECT * FROM busy ORDER BY signature, per_gpu_batch")
+        return [BusyPoint(signature=r[0], per_gpu_batch=r[1], alone_s=r[2], pair_s=r[3],
+                          spread=r[4], repeats=r[5]) for r in rows]
 
     def modules(self, kernels: str | None = None) -> list[ModuleRecord]:
         """Profiled modules (of one kind of kernels, or all)."""
@@ -567,7 +622,10 @@ class ProfileDB:
                           created=r[4]) for r in rows]
 
     def iter_counts(self) -> Iterator[tuple[str, int]]:
-        for table in ("modules", "module_points", "colocations", "signatures", "comm", "fits"):
+        for table in ("modules", "module_points", "colocations", "signatures", "busy", "comm",
+                      "fits"):
+            if not self.has_table(table):
+                continue
             yield table, self.conn.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0]
 
 

@@ -10,9 +10,12 @@ Per model, in order (later steps are cut first when the budget runs short):
 2. Bandwidth signature of each distinct module: its time on a 64-SM partition alone and next to
    a device-copy antagonist on the other SMs (the slowdown is its memory sensitivity); its
    bandwidth demand is the analytic byte count over the measured time (interference.py).
-3. Colocations of independent modules (pairs, a triple): partition, cap, free and free with a
+3. Busy fraction of each distinct module at a few per-GPU batches: two copies of it side by
+   side on the whole GPU against one alone (db.BusyPoint). It bounds what colocating it with
+   other modules can save (interference.py).
+4. Colocations of independent modules (pairs, a triple): partition, cap, free and free with a
    high-priority stream, at two per-GPU batches; per-module times alone and together.
-4. Communication curves: measured with NCCL when several GPUs exist, else analytic.
+5. Communication curves: measured with NCCL when several GPUs exist, else analytic.
 Then, once per run, the engine's optimizer step over several parameter counts (optimizer.py).
 """
 
@@ -33,6 +36,7 @@ from mosaic.graph import MMGraph
 from mosaic.hardware import GPUSpec, gpu_spec
 from mosaic.profile.db import (
     KERNELS,
+    BusyPoint,
     ColocPoint,
     ColocWork,
     CommPoint,
@@ -59,6 +63,7 @@ from mosaic.profile.sampling import batch_grid, coarse_points, refine
 from mosaic.tensor_parallel import bytes_per_gpu
 
 MODES = ("partition", "cap", "free", "free-prio")
+BATCH_PICKS = ("min", "mid", "preset", "max")
 ANTAGONIST_SPLIT = 64
 """The module gets this many SMs in its bandwidth-signature run; the antagonist the rest."""
 
@@ -72,6 +77,12 @@ class ProfilerConfig:
     refine_budget: int = 8
     """Points per distinct module beyond the coarse grid."""
     coloc_batches: tuple[str, ...] = ("mid", "max")
+    busy_batches: tuple[str, ...] = ("mid", "preset", "max")
+    """Per-GPU batches (of the grid: BATCH_PICKS) at which each distinct module's busy
+    fraction is measured; () measures none."""
+    surfaces: bool = True
+    """False: measure only the other steps asked for, against the DB's surfaces (with
+    --update), and not the optimizer step either."""
     max_pairs: int = 3
     max_triples: int = 1
     modes: tuple[str, ...] = MODES
@@ -92,6 +103,9 @@ class ProfilerConfig:
         bad = [m for m in self.modes if m not in MODES]
         if bad:
             raise ProfilerError(f"modes {bad}: choose from {MODES}")
+        bad = [b for b in (*self.coloc_batches, *self.busy_batches) if b not in BATCH_PICKS]
+        if bad:
+            raise ProfilerError(f"batch picks {bad}: choose from {BATCH_PICKS}")
         if not 0 < self.tol < 1:
             raise ProfilerError(f"tol={self.tol}: use a fraction such as 0.05")
         if self.kernels not in KERNELS:
@@ -107,6 +121,7 @@ class ModelReport:
     full_grid: int = 0
     colocations: int = 0
     signatures: int = 0
+    busy: int = 0
     wall_s: float = 0.0
     notes: list[str] = field(default_factory=list)
 
@@ -275,7 +290,45 @@ class ModelProfiler:
             del graph
         self._drop_benches()
 
-    # 3. colocations -----------------------------------------------------------------------------
+    # 3. busy fractions ----------------------------------------------------------------------
+    def busy(self, deadline: float) -> None:
+        """Each distinct module's busy fraction at the busy batches; a module's points are
+        stored as soon as it is done, so a stopped run keeps them, and one the DB holds
+        already is skipped, so running again resumes."""
+        batches = self.picked_batches(self.cfg.busy_batches)
+        held = {(p.signature, p.per_gpu_batch) for p in self.db.busy()}
+        if not batches:
+            return
+        full = self.bank.full_sms
+        _, streams, _ = self.bank.group("free", [full, full], [0, 0])
+        distinct = {sig: name for name, sig in reversed(list(self.sigs.items()))}
+        for sig, name in distinct.items():
+            if time.perf_counter() > deadline:
+                self.report.notes.append(f"busy fractions: {name} and later skipped (budget)")
+                break
+            points = [p for b in batches if (sig, b) not in held
+                      and (p := self.measure_busy(name, sig, b, streams))]
+            self.db.add_busy(points)
+            self.report.busy += len(points)
+            self._drop_benches()
+
+    def measure_busy(self, name: str, sig: str, b: int,
+                     streams: Sequence[torch.cuda.Stream]) -> BusyPoint | None:
+        """Two CUDA graphs of the module (own memory pools, the same weights) on two free
+        streams, together, against one of them alone just before. None if it cannot be
+        captured (an eager pair would time Python launches)."""
+        bench = self.bench(name, b)
+        graphs = [bench.capture(s) for s in streams]
+        if bench.eager:
+            self._note(f"{name}: busy fraction not measured at batch {b} (capture failed)")
+            return None
+        alone = time_group([(graphs[0].replay, streams[0])], self.cfg.timing)
+        pair = time_group([(g.replay, s) for g, s in zip(graphs, streams, strict=True)],
+                          self.cfg.timing)
+        return BusyPoint(signature=sig, per_gpu_batch=b, alone_s=alone.median_s,
+                         pair_s=pair.median_s, spread=pair.spread, repeats=pair.repeats)
+
+    # 4. colocations -----------------------------------------------------------------------------
     def groups(self) -> list[list[str]]:
         """Independent modules to colocate: pairs and triples of the widest graph level,
         heaviest first."""
@@ -285,10 +338,14 @@ class ModelProfiler:
         triples = list(itertools.combinations(ranked, 3))[: self.cfg.max_triples]
         return [list(g) for g in pairs + triples]
 
+    def picked_batches(self, picks: Sequence[str]) -> list[int]:
+        """The grid's batches named by BATCH_PICKS (the preset's own: its global batch)."""
+        named = {"min": self.batches[0], "mid": self.batches[len(self.batches) // 2],
+                 "preset": self.graph.global_batch, "max": self.batches[-1]}
+        return sorted({named[p] for p in picks})
+
     def colocations(self, deadline: float) -> None:
-        picks = {"min": self.batches[0], "mid": self.batches[len(self.batches) // 2],
-                 "max": self.batches[-1]}
-        batches = sorted({picks[p] for p in self.cfg.coloc_batches})
+        batches = self.picked_batches(self.cfg.coloc_batches)
         plan = [(g, b, mode) for b in batches for g in self.groups() for mode in self.cfg.modes]
         for i, (members, b, mode) in enumerate(plan):
             if time.perf_counter() > deadline:
@@ -409,7 +466,8 @@ def profile_models(models: Sequence[str], db_path: str, cfg: ProfilerConfig,
     if update:
         db = ProfileDB.open(db_path, hardware=gpu.name, readonly=False)
         db.set_meta(profile_meta_key(cfg.kernels, cfg.preset,
-                                     colocations=cfg.max_pairs + cfg.max_triples > 0),
+                                     colocations=cfg.max_pairs + cfg.max_triples > 0,
+                                     busy_only=not cfg.surfaces),
                     json.dumps({**config, **versions}, sort_keys=True, default=str))
     else:
         db = ProfileDB.create(db_path, hardware=gpu.name, num_sms=gpu.num_sms, config=config,
@@ -424,6 +482,8 @@ def profile_models(models: Sequence[str], db_path: str, cfg: ProfilerConfig,
     measured: set[str] = {p.signature for p in db.points()} if update else set()
     if remeasure:
         measured -= model_signatures(models, cfg.preset, cfg.kernels)
+        if not cfg.surfaces:  # the busy fractions are what is measured again
+            db.drop_busy(model_signatures(models, cfg.preset, cfg.kernels))
     if measured:
         log(f"kept: {len(measured)} module surfaces already in {db_path}")
     reports = []
@@ -440,9 +500,10 @@ def profile_models(models: Sequence[str], db_path: str, cfg: ProfilerConfig,
             # Out of the except block, so the traceback no longer holds the model's tensors.
             torch._dynamo.reset()
             _quiet_free()
-        fit = profile_optimizer(db)
-        log(f"optimizer step (fused AdamW): {fit.fixed_s * 1e3:.3f} ms + "
-            f"{fit.s_per_param * 1e12:.2f} ps per parameter")
+        if cfg.surfaces:
+            fit = profile_optimizer(db)
+            log(f"optimizer step (fused AdamW): {fit.fixed_s * 1e3:.3f} ms + "
+                f"{fit.s_per_param * 1e12:.2f} ps per parameter")
         if not update:
             db.add_comm(_comm(cfg.hardware, log))
             db.set_meta("profile_wall_s", f"{time.perf_counter() - start:.1f}")
@@ -476,16 +537,18 @@ def _profile_one(name: str, cfg: ProfilerConfig, db: ProfileDB, bank: StreamBank
     prof = ModelProfiler(name, cfg, db, bank, measured)
     log(f"[{name}] {len(prof.graph.modules)} modules, batches {prof.batches}, "
         f"SMs {bank.sm_values}")
-    prof.surfaces(refine_until=t0 + 0.45 * (deadline - t0))
-    log(f"[{name}] surfaces: {prof.report.points} points in {time.perf_counter() - t0:.1f}s "
-        f"({memory_state()})")
+    if cfg.surfaces:
+        prof.surfaces(refine_until=t0 + 0.45 * (deadline - t0))
+        log(f"[{name}] surfaces: {prof.report.points} points in "
+            f"{time.perf_counter() - t0:.1f}s ({memory_state()})")
     if cfg.antagonist:
         prof.signatures(antagonist, copy_s)
+    prof.busy(deadline)
     prof.colocations(deadline)
     prof.release()
     prof.report.wall_s = time.perf_counter() - t0
-    log(f"[{name}] done in {prof.report.wall_s:.1f}s: {prof.report.colocations} colocations; "
-        + "; ".join(prof.report.notes))
+    log(f"[{name}] done in {prof.report.wall_s:.1f}s: {prof.report.busy} busy fractions, "
+        f"{prof.report.colocations} colocations; " + "; ".join(prof.report.notes))
     return prof.report
 
 

@@ -86,18 +86,44 @@ def _profile_steps(db: ProfileDB, out: str) -> list[RecipeStep]:
                 what += (f", {n} colocations and the interference fits, "
                          f"{signatures_measured} bandwidth signature points")
             steps.append(RecipeStep(command, what, "1 GPU"))
+        steps += _busy_steps(db, kernels, preset, held[kernels, preset], with_coloc, out)
     optimizer = next((f for f in db.fits() if f.name == OPTIMIZER_FIT), None)
-    if steps and optimizer is not None:  # every profile run measures it again
-        last = steps[-1]
-        steps[-1] = RecipeStep(last.command, f"{last.what}; the optimizer-step fit "
-                               f"({optimizer.n_points} sizes)", last.needs)
+    surfaces = [i for i, step in enumerate(steps) if "--busy-only" not in step.command]
+    if surfaces and optimizer is not None:  # every run that measures surfaces measures it again
+        last = steps[surfaces[-1]]
+        steps[surfaces[-1]] = RecipeStep(last.command, f"{last.what}; the optimizer-step fit "
+                                         f"({optimizer.n_points} sizes)", last.needs)
     return steps
 
 
-def _budget(db: ProfileDB, kernels: str, preset: str, colocations: bool) -> float | None:
+def _busy_steps(db: ProfileDB, kernels: str, preset: str, held: dict[str, set[str]],
+                measured_whole: list[str], out: str) -> list[RecipeStep]:
+    """A --busy-only run for the models whose busy fractions the DB holds and whose
+    colocation run (which measures them too) is not in the recipe."""
+    from mosaic.zoo import MODEL_NAMES
+
+    busy: dict[str, int] = {}
+    for point in db.busy():
+        busy[point.signature] = busy.get(point.signature, 0) + 1
+    models = sorted((m for m, sigs in held.items()
+                     if m not in measured_whole and sigs & set(busy)), key=MODEL_NAMES.index)
+    if not models:
+        return []
+    signatures = set().union(*(held[m] for m in models)) & set(busy)
+    budget = _budget(db, kernels, preset, colocations=False, busy_only=True)
+    command = (f"mosaic profile {' '.join(models)} --preset {preset}"
+               + ("" if kernels == "eager" else f" --kernels {kernels}") + " --busy-only"
+               + (f" --budget {budget:g}" if budget else "") + f" --update --db {shlex.quote(out)}")
+    what = (f"{kernels} `{preset}` busy fractions of {len(signatures)} modules "
+            f"({sum(busy[s] for s in signatures)} points)")
+    return [RecipeStep(command, what, "1 GPU")]
+
+
+def _budget(db: ProfileDB, kernels: str, preset: str, colocations: bool,
+            busy_only: bool = False) -> float | None:
     """The --budget the part's last run used, where the DB recorded it."""
-    key = ("config" if (kernels, preset) == EAGER_SMALL
-           else profile_meta_key(kernels, preset, colocations))
+    key = ("config" if (kernels, preset) == EAGER_SMALL and not busy_only
+           else profile_meta_key(kernels, preset, colocations, busy_only))
     try:
         return float(json.loads(db.meta[key])["budget_s"])
     except (KeyError, TypeError, ValueError):
