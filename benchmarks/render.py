@@ -13,7 +13,7 @@ Renderers: one-gpu-bench[:DIR], green-probe[:FILE], bench:DIR_OR_FILE, iteration
 scaling-sim[:DIR], variants:DIR, targets-1gpu, profile-recipe[:DB],
 step-fit:FILE,FILE[,...], kernel-time:FILE[,...], train-in-flight:DIR,
 guard-host-cost:FILE, autotune-choices:FILE, gate-misses[:DIR],
-checkpoint-background:DIR.
+checkpoint-background:DIR, busy-fractions:FILE.
 """
 
 from __future__ import annotations
@@ -542,10 +542,10 @@ def stage_error_block(results: Path, arg: str | None) -> str:
     """Every traced plan's stages under results/ARG (default: all) by today's model: the
     summary line, then one row per stage (`mosaic model-error --iterations DIR --stages`)."""
     from mosaic.perf.repredict import Repredictor
-    from mosaic.perf.traced import stage_error, summary_line
+    from mosaic.perf.traced import sharing_text, stage_error, summary_line
 
     report = stage_error(results / (arg or "."), Repredictor())
-    rows = [[r["file"], r["planner"], str(r["stage"]), "+".join(r["modules"]), r["sharing"],
+    rows = [[r["file"], r["planner"], str(r["stage"]), "+".join(r["modules"]), sharing_text(r),
              f"{r['predicted_s'] * 1e3:.2f}", f"{r['measured_s'] * 1e3:.2f}", pct(r["error"]),
              (f"{r['predicted_saving_s'] * 1e3:.2f} / {r['measured_saving_s'] * 1e3:.2f}"
               if "measured_saving_s" in r else "–")]
@@ -762,6 +762,24 @@ def profile_recipe(results: Path, arg: str | None) -> str:
     db = ROOT / arg if arg else default_db_path("h200")
     text = format_recipe(rebuild_recipe(db, "runs/profile.sqlite", results))
     return "```sh\n" + text.replace(f"{ROOT}/", "") + "\n```"
+
+
+@renderer("busy-fractions")
+def busy_fractions(results: Path, arg: str | None) -> str:
+    """A busy_fractions_h200.sh export (results/ARG): per module, the pair over twice the
+    alone time at each batch measured."""
+    if not arg:
+        raise RenderError("busy-fractions needs its JSON file: render:busy-fractions:FILE")
+    points = load(results / arg)["points"]
+    batches = sorted({p["per_gpu_batch"] for p in points})
+    by_module: dict[str, dict[int, dict[str, Any]]] = {}
+    for p in points:
+        by_module.setdefault(" / ".join(p["modules"]), {})[p["per_gpu_batch"]] = p
+    rows = [[name, *(f"{cells[b]['fraction']:.3f} ({ms(cells[b]['alone_s'])} -> "
+                     f"{ms(cells[b]['pair_s'])})" if b in cells else "–" for b in batches)]
+            for name, cells in sorted(by_module.items())]
+    return table(["module (compiled `small`)",
+                  *(f"b{b}: busy (alone -> two side by side, ms)" for b in batches)], rows)
 
 
 # --- simulated scaling (benchmarks/scaling_sim.py) --------------------------------------------

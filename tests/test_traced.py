@@ -127,9 +127,11 @@ def test_model_error_stages_prints_the_table_and_writes_json():
     assert report["saving_realized"] > 0
 
 
-def test_whole_step_savings_show_the_colocations_that_fall_short_at_4x_batches():
+def test_whole_step_savings_are_realised_at_the_preset_and_at_4x_batches():
     """Today's model on the repo's one-GPU runs: ImageBind `small` realised its predicted
-    saving at its preset batch 32 and almost none of it at 128 (measured 2026-12-02)."""
+    saving at its preset batch 32, and at 128, where its encoders fill the GPU, the busy
+    fractions keep the predicted saving as small as the one measured (before them the model
+    predicted 3.5 ms there and 0.8 were measured, 2026-12-02)."""
     from mosaic.perf.traced import colocation_savings
 
     rows = colocation_savings(["benchmarks/results/target-rows-h200",
@@ -137,7 +139,8 @@ def test_whole_step_savings_show_the_colocations_that_fall_short_at_4x_batches()
     by = {(r["file"].split("/")[-1], r["planner"]): r for r in rows}
     b32 = by["bench_imagebind_small_1gpu_b32.json", "mosaic"]
     b128 = by["bench_imagebind_small_1gpu_b128_autotune.json", "mosaic"]
-    assert 0.8 < b32["realized"] < 1.4 and b128["realized"] < 0.2
+    assert 0.8 < b32["realized"] < 1.4 and 0.5 < b128["realized"] < 1.5
+    assert b128["predicted_saving_s"] < 1.5e-3
     assert b128["measured_saving_s"] == pytest.approx(78.62e-3 - 77.80e-3, abs=0.01e-3)
     assert all(r["planner"] != "megatron" for r in rows)  # one by one: nothing to save
 
@@ -161,3 +164,28 @@ def test_a_module_the_engine_ran_far_from_its_surface_is_called_stale_with_the_c
         "--update --remeasure`" in line
     result = stage_error("benchmarks/results/target-rows-h200", Repredictor())
     assert result["suspect_surfaces"] == []  # ImageBind b32: every module within 10%
+
+
+def test_a_stage_that_ran_under_another_is_named_and_not_judged():
+    """The engine orders stages by data alone: an independent later stage on another stream
+    starts under an earlier one, and its span measures neither it alone nor as planned."""
+    from mosaic.perf.traced import overlapping_stages, sharing_text, suspect_surfaces
+
+    events = [_event("text", 0, "fwd", 0.0, 21.0), _event("vision", 0, "fwd", 0.1, 16.4),
+              _event("audio", 1, "fwd", 0.5, 25.0), _event("align", 2, "fwd", 25.0, 25.1),
+              _event("align", 2, "bwd", 25.1, 25.2), _event("audio", 1, "bwd", 25.2, 47.4),
+              _event("vision", 0, "bwd", 47.4, 74.5), _event("text", 0, "bwd", 47.4, 61.9),
+              _event("audio", 1, "fwd", 30.0, 40.0, gpu=1)]
+    assert overlapping_stages(events, 0) == [1] and overlapping_stages(events, 1) == [0]
+    assert overlapping_stages(events, 2) == []
+    jitter = [_event("text", 0, "fwd", 0.0, 2.283e-3), _event("align", 1, "fwd", 2.280e-3, 2.32e-3)]
+    assert overlapping_stages(jitter, 1) == []  # medians of several steps cross by microseconds
+    row = {"file": "run.json", "planner": "mosaic", "model": "imagebind", "preset": "small",
+           "kernels": "compile-default", "modules": ["audio"], "sharing": "temporal",
+           "predicted_s": 33e-3, "measured_s": 46.7e-3, "error": 33 / 46.7 - 1, "overlaps": [0]}
+    assert suspect_surfaces([row]) == [] and sharing_text(row) == "temporal (under stage 0)"
+    result = stage_error("benchmarks/results/busy-rerun-h200", Repredictor())
+    mosaic = {r["stage"]: r["overlaps"] for r in result["rows"]
+              if r["planner"] == "mosaic" and r["model"] == "imagebind"}
+    assert mosaic == {0: [1], 1: [0], 2: []} and result["suspect_surfaces"] == []
+    assert "ran under another stage left out" in summary_line(result)

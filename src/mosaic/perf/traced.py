@@ -34,11 +34,16 @@ from mosaic.perf.engine_term import sequential_plan
 from mosaic.perf.profiled import SURFACE_DRIFT, remeasure_command
 from mosaic.perf.results import bench_result_files, load_bench_result, superseded
 
-__all__ = ["colocation_savings", "measured_stage_s", "stage_error", "traced_events"]
+__all__ = ["colocation_savings", "measured_stage_s", "overlapping_stages", "sharing_text",
+           "stage_error", "traced_events"]
 
 SEQUENTIAL_PLANNER = "megatron"
 """The baseline whose plan runs every module alone on the whole GPU(s), stage after stage."""
 PHASES = ("fwd", "bwd")
+OVERLAP_MIN_S = 1e-4
+"""Stages whose spans cross by less are taken as one after the other: a traced event is the
+median of several steps' starts and ends taken apart, so adjacent ones can cross by a few
+microseconds (CLIP's head 3 us into its encoders' forward, 2026-12-02)."""
 
 
 def traced_events(path: Path, row: dict[str, Any]) -> list[dict[str, Any]]:
@@ -73,6 +78,19 @@ def measured_stage_s(events: Iterable[dict[str, Any]], stage: int) -> float | No
     return max(per_gpu) if per_gpu else None
 
 
+def overlapping_stages(events: Iterable[dict[str, Any]], stage: int) -> list[int]:
+    """Other stages whose modules ran (same phase, same GPU) while this stage's did. The engine
+    orders stages only by data: a later stage on another stream whose inputs are ready starts
+    under an earlier one (ImageBind b128's audio stage under its text+vision stage, traced
+    2026-12-02), and its span then measures neither it alone nor the stage as planned."""
+    events = list(events)
+    mine = [e for e in events if e["stage"] == stage and e["phase"] in PHASES]
+    return sorted({e["stage"] for e in events if e["stage"] != stage and any(
+        e["phase"] == m["phase"] and e["gpu"] == m["gpu"]
+        and min(e["end_s"], m["end_s"]) - max(e["start_s"], m["start_s"]) > OVERLAP_MIN_S
+        for m in mine)})
+
+
 def _stage_rows(name: str, path: Path, report: dict[str, Any], row: dict[str, Any],
                 repredict: Any) -> list[dict[str, Any]]:
     events = traced_events(path, row)
@@ -96,7 +114,8 @@ def _stage_rows(name: str, path: Path, report: dict[str, Any], row: dict[str, An
                      "modules": [p.module for p in stage.placements], "sharing": stage.sharing,
                      "sm_shares": [round(p.sm_share, 3) for p in stage.placements],
                      "predicted_s": predicted, "measured_s": measured,
-                     "error": predicted / measured - 1, "predicted_alone_s": alone})
+                     "error": predicted / measured - 1, "predicted_alone_s": alone,
+                     "overlaps": overlapping_stages(events, index)})
     return rows
 
 
@@ -128,13 +147,15 @@ def stage_error(paths: str | Path | Iterable[str | Path], repredict: Any) -> dic
         for row in report.get("results", []):
             rows += _stage_rows(name, path, report, row, repredict)
     _savings(rows)
-    savings = [r for r in rows if "measured_saving_s" in r]
+    savings = [r for r in rows if "measured_saving_s" in r and not r.get("overlaps")]
     predicted_saving = sum(r["predicted_saving_s"] for r in savings)
+    judged = [r for r in rows if not r.get("overlaps")]  # an overlapped span is no stage time
     return {
         "rows": rows,
-        "alone_error": _summed_error([r for r in rows if len(r["modules"]) == 1]),
-        "colocated_error": _summed_error([r for r in rows if len(r["modules"]) > 1]),
-        "median_abs_error": (statistics.median(abs(r["error"]) for r in rows) if rows
+        "overlapped": len(rows) - len(judged),
+        "alone_error": _summed_error([r for r in judged if len(r["modules"]) == 1]),
+        "colocated_error": _summed_error([r for r in judged if len(r["modules"]) > 1]),
+        "median_abs_error": (statistics.median(abs(r["error"]) for r in judged) if judged
                              else None),
         "saving_realized": (sum(r["measured_saving_s"] for r in savings) / predicted_saving
                             if savings and predicted_saving > 0 else None),
@@ -161,7 +182,7 @@ def suspect_surfaces(rows: Iterable[dict[str, Any]],
     (SurfaceSet.drift), from any traced bench run; one line each, with the command."""
     found = {}
     for r in rows:
-        if (len(r["modules"]) == 1 and r["measured_s"] >= STALE_MIN_S
+        if (len(r["modules"]) == 1 and not r.get("overlaps") and r["measured_s"] >= STALE_MIN_S
                 and abs(r["error"]) > tolerance):
             key = (r["model"], r["preset"], r["modules"][0], r["kernels"])
             found.setdefault(key, r)
@@ -212,13 +233,19 @@ def print_stage_error(report: dict[str, Any]) -> None:
         saving = (f"{r['predicted_saving_s'] * 1e3:.2f} / {r['measured_saving_s'] * 1e3:.2f}"
                   if "measured_saving_s" in r else "–")
         table.add_row(r["file"], r["planner"], str(r["stage"]), "+".join(r["modules"]),
-                      r["sharing"], f"{r['predicted_s'] * 1e3:.2f}",
+                      sharing_text(r), f"{r['predicted_s'] * 1e3:.2f}",
                       f"{r['measured_s'] * 1e3:.2f}", f"{r['error']:+.1%}", saving)
     console = Console()
     console.print(table)
     console.print(summary_line(report))
     for line in report["suspect_surfaces"]:
         console.print(line)
+
+
+def sharing_text(row: dict[str, Any]) -> str:
+    """The stage's sharing mode, and the stages it ran under, if any."""
+    under = row.get("overlaps")
+    return row["sharing"] + (f" (under stage {', '.join(map(str, under))})" if under else "")
 
 
 def summary_line(report: dict[str, Any]) -> str:
@@ -229,7 +256,9 @@ def summary_line(report: dict[str, Any]) -> str:
     if not report["rows"]:
         return ("no traced plans: `mosaic bench` records each plan's traced step in its "
                 "results (traced_step) from 2026-12-02 on; older results need --out's traces")
-    return (f"{len(report['rows'])} traced stages (median |error| "
+    overlapped = report.get("overlapped", 0)
+    left_out = (f", {overlapped} that ran under another stage left out" if overlapped else "")
+    return (f"{len(report['rows'])} traced stages{left_out} (median |error| "
             f"{pct(report['median_abs_error'], '')}); summed over stages, modules alone "
             f"predicted {pct(report['alone_error'])}, colocations "
             f"{pct(report['colocated_error'])}; of the saving predicted for colocations, "
