@@ -107,14 +107,16 @@ def test_the_recipe_names_a_busy_only_run_for_models_measured_that_way(tmp_path)
                        for s in (a, b)])
         db.add_busy([BusyPoint(signature=b, per_gpu_batch=n, alone_s=0.01, pair_s=0.02)
                      for n in (8, 32)])
+        # the same module in another preset's model, beside one never measured: no busy run
+        db.add_module("ofasys", "paper", spec("llm", dim=768), kernels="compile-default")
+        db.add_module("ofasys", "paper", spec("audio", dim=512), kernels="compile-default")
         db.set_meta("profile.compile-default.small.busy", '{"budget_s": 50}')
     steps = rebuild_recipe(path, "out.sqlite")
-    assert [s.command for s in steps] == [
-        "mosaic profile clip --preset small --surfaces-only --budget 120 --db out.sqlite",
-        "mosaic profile qwen3-vl --preset small --kernels compile-default --surfaces-only "
-        "--update --db out.sqlite",
+    assert [s.command for s in steps if "--busy-only" in s.command] == [
         "mosaic profile qwen3-vl --preset small --kernels compile-default --busy-only "
         "--budget 50 --update --db out.sqlite"]
+    assert steps[0].command == ("mosaic profile clip --preset small --surfaces-only "
+                                "--budget 120 --db out.sqlite")
     assert steps[-1].what == "compile-default `small` busy fractions of 1 modules (2 points)"
 
 

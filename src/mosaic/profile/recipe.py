@@ -98,15 +98,16 @@ def _profile_steps(db: ProfileDB, out: str) -> list[RecipeStep]:
 
 def _busy_steps(db: ProfileDB, kernels: str, preset: str, held: dict[str, set[str]],
                 measured_whole: list[str], out: str) -> list[RecipeStep]:
-    """A --busy-only run for the models whose busy fractions the DB holds and whose
-    colocation run (which measures them too) is not in the recipe."""
+    """A --busy-only run for the models with a busy fraction for every module (such a run
+    measures them all; a module shared with another preset or model is no sign of one) and
+    whose colocation run, which measures them too, is not in the recipe."""
     from mosaic.zoo import MODEL_NAMES
 
     busy: dict[str, int] = {}
     for point in db.busy():
         busy[point.signature] = busy.get(point.signature, 0) + 1
     models = sorted((m for m, sigs in held.items()
-                     if m not in measured_whole and sigs & set(busy)), key=MODEL_NAMES.index)
+                     if m not in measured_whole and sigs <= set(busy)), key=MODEL_NAMES.index)
     if not models:
         return []
     signatures = set().union(*(held[m] for m in models)) & set(busy)
