@@ -44,8 +44,6 @@ from mosaic.errors import MosaicError
 from mosaic.graph import ModuleSpec
 
 VARIANTS = ("aware", "unaware", "linear")
-BUSY_BOUNDED = ("partition", "cap", "free")
-"""Sharing modes whose phases the busy fractions bound."""
 SATURATION = 1.05
 """A module saturates at the fewest SMs within 5% of its time on all the SMs it may use."""
 
@@ -203,7 +201,7 @@ def finish_times_s(params: InterferenceParams, works: Sequence[CoWork], sharing:
         sms = _allocate(params, group, sharing, full)
         slow = slowdowns(params, group, sms)
         rates = [1.0 / (w.time_at(max(k, 1e-3)) * s) for w, k, s in zip(group, sms, slow, strict=True)]
-        if params.busy_bound and sharing in BUSY_BOUNDED:
+        if params.busy_bound:
             rates = within_capacity(group, rates)
         dt = min((1.0 - progress[i]) / r for i, r in zip(active, rates, strict=True))
         t += dt
@@ -214,7 +212,7 @@ def finish_times_s(params: InterferenceParams, works: Sequence[CoWork], sharing:
                 active.remove(i)
     stretch = 1.0 + params.kappa * (len(works) - 1)
     ends = [e * stretch for e in ends]
-    floor = busy_work_s(works) if params.busy_bound and sharing in BUSY_BOUNDED else 0.0
+    floor = busy_work_s(works) if params.busy_bound else 0.0
     # A fitted stretch below 1 (kappa < 0) must not beat the GPU's capacity either.
     return ends if floor <= max(ends) else [e * floor / max(ends) for e in ends]
 
