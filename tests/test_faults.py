@@ -186,7 +186,10 @@ def test_a_hung_rank_ends_the_run_within_the_timeout(tmp_path, plan_file):
     elapsed = time.monotonic() - start
     assert result.returncode != 0, tail(result)
     assert "rank 1 (last started step 2) did not reach it" in result.stderr, tail(result)
-    assert elapsed < 60, elapsed
+    # Without the collective timeout the run would hang until the 90 s kill; start-up of two
+    # ranks on a loaded 2-core machine took 64 s once (2026-12-02), so the bound is below the
+    # kill, not a fixed start-up budget.
+    assert elapsed < 85, elapsed
 
 
 @pytest.mark.slow
