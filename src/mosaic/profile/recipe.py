@@ -59,8 +59,12 @@ def _profile_steps(db: ProfileDB, out: str) -> list[RecipeStep]:
     kernels_of = {record.signature: record.kernels for record in db.modules()}
     colocations = [(c, colocation_kernels(c, kernels_of)) for c in db.colocations()]
     colocated = {(c.model, c.preset, kernels) for c, kernels in colocations}
+    busy: dict[str, int] = {}
+    for point in db.busy():
+        busy[point.signature] = busy.get(point.signature, 0) + 1
     order = sorted(held, key=lambda key: (key != EAGER_SMALL, key[0] != "eager", key))
     steps: list[RecipeStep] = []
+    last_surfaces = -1
     for kernels, preset in order:
         models = sorted(held[kernels, preset], key=MODEL_NAMES.index)
         with_coloc = [m for m in models if (m, preset, kernels) in colocated]
@@ -70,11 +74,9 @@ def _profile_steps(db: ProfileDB, out: str) -> list[RecipeStep]:
                 continue
             signatures = set().union(*(held[kernels, preset][m] for m in group))
             budget = _budget(db, kernels, preset, colocations=not surfaces_only)
-            command = (f"mosaic profile {' '.join(group)} --preset {preset}"
-                       + ("" if kernels == "eager" else f" --kernels {kernels}")
-                       + (" --surfaces-only" if surfaces_only else "")
-                       + (f" --budget {budget:g}" if budget else "")
-                       + (" --update" if steps else "") + f" --db {shlex.quote(out)}")
+            command = _profile_command(group, preset, kernels,
+                                       " --surfaces-only" if surfaces_only else "", budget,
+                                       update=bool(steps), out=out)
             count = sum(points.get(s, 0) for s in signatures)
             what = (f"{kernels} `{preset}` surfaces of {len(signatures)} modules "
                     f"({count} points)")
@@ -86,35 +88,41 @@ def _profile_steps(db: ProfileDB, out: str) -> list[RecipeStep]:
                 what += (f", {n} colocations and the interference fits, "
                          f"{signatures_measured} bandwidth signature points")
             steps.append(RecipeStep(command, what, "1 GPU"))
-        steps += _busy_steps(db, kernels, preset, held[kernels, preset], with_coloc, out)
+            last_surfaces = len(steps) - 1
+        steps += _busy_steps(db, kernels, preset, held[kernels, preset], with_coloc, busy, out)
     optimizer = next((f for f in db.fits() if f.name == OPTIMIZER_FIT), None)
-    surfaces = [i for i, step in enumerate(steps) if "--busy-only" not in step.command]
-    if surfaces and optimizer is not None:  # every run that measures surfaces measures it again
-        last = steps[surfaces[-1]]
-        steps[surfaces[-1]] = RecipeStep(last.command, f"{last.what}; the optimizer-step fit "
-                                         f"({optimizer.n_points} sizes)", last.needs)
+    if last_surfaces >= 0 and optimizer is not None:  # every run measuring surfaces measures it
+        last = steps[last_surfaces]
+        steps[last_surfaces] = RecipeStep(last.command, f"{last.what}; the optimizer-step fit "
+                                          f"({optimizer.n_points} sizes)", last.needs)
     return steps
 
 
+def _profile_command(models: list[str], preset: str, kernels: str, part: str,
+                     budget: float | None, update: bool, out: str) -> str:
+    """`mosaic profile` of `models` with `part` (its flag, or "") and the recorded budget."""
+    return (f"mosaic profile {' '.join(models)} --preset {preset}"
+            + ("" if kernels == "eager" else f" --kernels {kernels}") + part
+            + (f" --budget {budget:g}" if budget else "")
+            + (" --update" if update else "") + f" --db {shlex.quote(out)}")
+
+
 def _busy_steps(db: ProfileDB, kernels: str, preset: str, held: dict[str, set[str]],
-                measured_whole: list[str], out: str) -> list[RecipeStep]:
+                measured_whole: list[str], busy: dict[str, int], out: str) -> list[RecipeStep]:
     """A --busy-only run for the models with a busy fraction for every module (such a run
     measures them all; a module shared with another preset or model is no sign of one) and
-    whose colocation run, which measures them too, is not in the recipe."""
+    whose colocation run, which measures them too, is not in the recipe; `busy`: points per
+    signature."""
     from mosaic.zoo import MODEL_NAMES
 
-    busy: dict[str, int] = {}
-    for point in db.busy():
-        busy[point.signature] = busy.get(point.signature, 0) + 1
     models = sorted((m for m, sigs in held.items()
                      if m not in measured_whole and sigs <= set(busy)), key=MODEL_NAMES.index)
     if not models:
         return []
     signatures = set().union(*(held[m] for m in models)) & set(busy)
     budget = _budget(db, kernels, preset, colocations=False, busy_only=True)
-    command = (f"mosaic profile {' '.join(models)} --preset {preset}"
-               + ("" if kernels == "eager" else f" --kernels {kernels}") + " --busy-only"
-               + (f" --budget {budget:g}" if budget else "") + f" --update --db {shlex.quote(out)}")
+    command = _profile_command(models, preset, kernels, " --busy-only", budget, update=True,
+                               out=out)
     what = (f"{kernels} `{preset}` busy fractions of {len(signatures)} modules "
             f"({sum(busy[s] for s in signatures)} points)")
     return [RecipeStep(command, what, "1 GPU")]
