@@ -770,7 +770,8 @@ def busy_fractions(results: Path, arg: str | None) -> str:
     alone time at each batch measured."""
     if not arg:
         raise RenderError("busy-fractions needs its JSON file: render:busy-fractions:FILE")
-    points = load(results / arg)["points"]
+    export = load(results / arg)
+    points = export["points"]
     batches = sorted({p["per_gpu_batch"] for p in points})
     by_module: dict[str, dict[int, dict[str, Any]]] = {}
     for p in points:
@@ -778,7 +779,9 @@ def busy_fractions(results: Path, arg: str | None) -> str:
     rows = [[name, *(f"{cells[b]['fraction']:.3f} ({ms(cells[b]['alone_s'])} -> "
                      f"{ms(cells[b]['pair_s'])})" if b in cells else "–" for b in batches)]
             for name, cells in sorted(by_module.items())]
-    return table(["module (compiled `small`)",
+    # Exports before --preset/--kernels held the compiled `small` modules only.
+    what = {"compile-default-blocks": "compiled by blocks"}.get(export.get("kernels"), "compiled")
+    return table([f"module ({what} `{export.get('preset') or 'small'}`)",
                   *(f"b{b}: busy (alone -> two side by side, ms)" for b in batches)], rows)
 
 

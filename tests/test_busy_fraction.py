@@ -15,8 +15,13 @@ from mosaic.perf.interference import (
     within_capacity,
 )
 from mosaic.perf.profiled import ProfiledModel, SurfaceSet
-from mosaic.profile.db import BusyPoint, ModulePoint, ProfileDB
-from mosaic.profile.profiler import ProfilerConfig, ProfilerError
+from mosaic.profile.db import BusyPoint, ModulePoint, ProfileDB, module_signature
+from mosaic.profile.profiler import (
+    ProfilerConfig,
+    ProfilerError,
+    _models_so_far,
+    busy_only_split,
+)
 from mosaic.profile.recipe import rebuild_recipe
 from tests.helpers import spec
 from tests.test_profiled_model import CLUSTER, make_synthetic_db
@@ -123,3 +128,26 @@ def test_the_recipe_names_a_busy_only_run_for_models_measured_that_way(tmp_path)
 def test_unknown_busy_batches_are_refused():
     with pytest.raises(ProfilerError, match="choose from"):
         ProfilerConfig(busy_batches=("largest",))
+
+
+def test_a_busy_only_run_measures_only_modules_with_a_surface_of_its_kernels():
+    """A busy fraction bounds a surface of the same kernels: a module without one is skipped
+    and named, and (since it is not registered) the recipe claims no surface for it."""
+    from mosaic.zoo import get_model
+
+    graph = get_model("clip").graph("paper")
+    busy_only = ProfilerConfig(kernels="compile-default-blocks", surfaces=False)
+    text = next(m for m in graph.modules if m.name == "text")
+    surfaced = {module_signature(text, "compile-default-blocks"),
+                module_signature(graph.module("vision"), "compile-default")}  # other kernels
+    kept, skipped = busy_only_split(graph, busy_only, surfaced)
+    assert [m.name for m in kept] == ["text"] and sorted(skipped) == ["align", "vision"]
+    whole = replace(busy_only, surfaces=True)
+    assert busy_only_split(graph, whole, set()) == (list(graph.modules), [])
+
+
+def test_an_updating_run_records_the_models_of_the_runs_before_it():
+    assert _models_so_far('{"models": ["clip", "imagebind"]}', ["ofasys", "clip"]) == [
+        "clip", "imagebind", "ofasys"]
+    assert _models_so_far(None, ["ofasys"]) == ["ofasys"]
+    assert _models_so_far("not json", ["ofasys"]) == ["ofasys"]

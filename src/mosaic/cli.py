@@ -780,8 +780,9 @@ def profile(
     busy_only: Annotated[bool, typer.Option(
         "--busy-only", help="with --update: measure only each module's busy fraction (two "
         "copies side by side against one alone, at the grid's middle, preset and largest "
-        "batches), which bounds what colocating it can save; pairs --db holds are kept (with "
-        "--remeasure: measured again)")] = False,
+        "batches), which bounds what colocating it can save; modules without a --kernels "
+        "surface in --db are skipped, pairs --db holds are kept (with --remeasure: measured "
+        "again)")] = False,
     update: Annotated[bool, typer.Option(
         "--update", help="add to the existing --db (keeping its modules, comm curves and "
         "fits) instead of replacing it; modules it already holds are skipped, and what a "

@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from mosaic.graph import MMGraph
+from mosaic.graph import MMGraph, ModuleSpec
 from mosaic.hardware import GPUSpec, gpu_spec
 from mosaic.profile.db import (
     KERNELS,
@@ -143,9 +143,9 @@ class ModelProfiler:
         """engine.compile.CompileReport when the modules are compiled."""
         self.modules = self._build(cfg, device)
         self.shapes = self.zoo.in_shapes(cfg.preset)
-        self.sigs = {m.name: db.add_module(name, cfg.preset, m, cfg.kernels)
-                     for m in self.graph.modules}
         self.report = ModelReport(model=name, num_modules=len(self.graph.modules))
+        kept, self.without_surface = busy_only_split(self.graph, cfg, measured)
+        self.sigs = {m.name: db.add_module(name, cfg.preset, m, cfg.kernels) for m in kept}
         self._inputs: dict[int, dict[str, tuple[torch.Tensor, ...]]] = {}
         self._benches: dict[tuple[str, int], GraphBench] = {}
 
@@ -465,10 +465,11 @@ def profile_models(models: Sequence[str], db_path: str, cfg: ProfilerConfig,
     versions = _versions(torch.cuda.get_device_name(0))
     if update:
         db = ProfileDB.open(db_path, hardware=gpu.name, readonly=False)
-        db.set_meta(profile_meta_key(cfg.kernels, cfg.preset,
-                                     colocations=cfg.max_pairs + cfg.max_triples > 0,
-                                     busy_only=not cfg.surfaces),
-                    json.dumps({**config, **versions}, sort_keys=True, default=str))
+        key = profile_meta_key(cfg.kernels, cfg.preset,
+                               colocations=cfg.max_pairs + cfg.max_triples > 0,
+                               busy_only=not cfg.surfaces)
+        config["models"] = _models_so_far(db.meta.get(key), models)
+        db.set_meta(key, json.dumps({**config, **versions}, sort_keys=True, default=str))
     else:
         db = ProfileDB.create(db_path, hardware=gpu.name, num_sms=gpu.num_sms, config=config,
                               versions=versions, overwrite=True)
@@ -480,10 +481,10 @@ def profile_models(models: Sequence[str], db_path: str, cfg: ProfilerConfig,
     copy_s = time_group([(antagonist, ant_stream)], cfg.timing).median_s
     # Signatures with points already: kept, not re-measured (--update resumes a stopped run).
     measured: set[str] = {p.signature for p in db.points()} if update else set()
-    if remeasure:
+    if remeasure and cfg.surfaces:
         measured -= model_signatures(models, cfg.preset, cfg.kernels)
-        if not cfg.surfaces:  # the busy fractions are what is measured again
-            db.drop_busy(model_signatures(models, cfg.preset, cfg.kernels))
+    elif remeasure:  # the busy fractions are what is measured again; the surfaces stay
+        db.drop_busy(model_signatures(models, cfg.preset, cfg.kernels))
     if measured:
         log(f"kept: {len(measured)} module surfaces already in {db_path}")
     reports = []
@@ -513,12 +514,33 @@ def profile_models(models: Sequence[str], db_path: str, cfg: ProfilerConfig,
     return reports
 
 
+def _models_so_far(previous: str | None, models: Sequence[str]) -> list[str]:
+    """The models an updating run's part of the DB now holds: those of the runs before it
+    (recorded under the same meta key) and this run's."""
+    try:
+        before = list(json.loads(previous or "{}").get("models", []))
+    except (ValueError, AttributeError):
+        before = []
+    return before + [m for m in models if m not in before]
+
+
 def _quiet_free() -> None:
     """free_device_memory() after a failure, whose CUDA error may surface once more here."""
     try:
         free_device_memory()
     except RuntimeError:
         torch.cuda.empty_cache()
+
+
+def busy_only_split(graph: MMGraph, cfg: ProfilerConfig, surfaced: set[str]
+                    ) -> tuple[list[ModuleSpec], list[str]]:
+    """The modules a run profiles, and (a busy-only run) the names of those it skips: a busy
+    fraction bounds a surface of the same kernels, so a module without one has nothing to
+    bound, and registering it would claim a surface the DB does not hold."""
+    if cfg.surfaces:
+        return list(graph.modules), []
+    kept = [m for m in graph.modules if module_signature(m, cfg.kernels) in surfaced]
+    return kept, [m.name for m in graph.modules if m not in kept]
 
 
 def model_signatures(models: Sequence[str], preset: str, kernels: str) -> set[str]:
@@ -537,6 +559,11 @@ def _profile_one(name: str, cfg: ProfilerConfig, db: ProfileDB, bank: StreamBank
     prof = ModelProfiler(name, cfg, db, bank, measured)
     log(f"[{name}] {len(prof.graph.modules)} modules, batches {prof.batches}, "
         f"SMs {bank.sm_values}")
+    if prof.without_surface:
+        prof.report.notes.append(
+            f"busy fractions skipped for {', '.join(prof.without_surface)}: no {cfg.kernels} "
+            f"`{cfg.preset}` surface in the DB (measure it first: mosaic profile {name} --preset "
+            f"{cfg.preset} --kernels {cfg.kernels} --surfaces-only --update)")
     if cfg.surfaces:
         prof.surfaces(refine_until=t0 + 0.45 * (deadline - t0))
         log(f"[{name}] surfaces: {prof.report.points} points in "
