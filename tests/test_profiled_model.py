@@ -138,6 +138,19 @@ def test_never_nan_outside_the_hull():
     assert np.all(np.isfinite(line.predict(b, k)))
 
 
+def test_a_surface_is_fitted_once_for_the_same_points():
+    """Models of other engine kinds on one DB share the fit (the gate loads dozens); points
+    that differ in any value, or in the GPU's SM count, are another surface."""
+    pts = [ModulePoint(signature="s", per_gpu_batch=b, num_sms=k, time_s=1e-3 * (1 + b / k))
+           for b in (4, 8, 16) for k in (32, 64, 96)]
+    same = [ModulePoint(signature="other", per_gpu_batch=p.per_gpu_batch, num_sms=p.num_sms,
+                        time_s=p.time_s) for p in pts]
+    assert fit_surface(pts, 132) is fit_surface(same, 132)
+    slower = [*pts[:-1], ModulePoint(signature="s", per_gpu_batch=16, num_sms=96, time_s=1.0)]
+    assert fit_surface(slower, 132) is not fit_surface(pts, 132)
+    assert fit_surface(pts, 120) is not fit_surface(pts, 132)
+
+
 def test_monotone_in_sms_and_fallback(synthetic):
     path, truth, specs = synthetic
     model = ProfiledModel(CLUSTER, path)
