@@ -16,12 +16,7 @@ from mosaic.perf.interference import (
 )
 from mosaic.perf.profiled import ProfiledModel, SurfaceSet
 from mosaic.profile.db import BusyPoint, ModulePoint, ProfileDB, module_signature
-from mosaic.profile.profiler import (
-    ProfilerConfig,
-    ProfilerError,
-    _models_so_far,
-    busy_only_split,
-)
+from mosaic.profile.profiler import ProfilerConfig, ProfilerError, busy_only_split, recorded_part
 from mosaic.profile.recipe import rebuild_recipe
 from tests.helpers import spec
 from tests.test_profiled_model import CLUSTER, make_synthetic_db
@@ -146,8 +141,13 @@ def test_a_busy_only_run_measures_only_modules_with_a_surface_of_its_kernels():
     assert busy_only_split(graph, whole, set()) == (list(graph.modules), [])
 
 
-def test_an_updating_run_records_the_models_of_the_runs_before_it():
-    assert _models_so_far('{"models": ["clip", "imagebind"]}', ["ofasys", "clip"]) == [
-        "clip", "imagebind", "ofasys"]
-    assert _models_so_far(None, ["ofasys"]) == ["ofasys"]
-    assert _models_so_far("not json", ["ofasys"]) == ["ofasys"]
+def test_an_updating_run_records_every_run_of_its_part_for_the_recipe():
+    """The recipe rebuilds a part of the DB in one run: it needs every model measured into it
+    and a budget for all of them, not only the last run's."""
+    before = '{"models": ["clip", "imagebind"], "budget_s": 390}'
+    assert recorded_part(before, ["ofasys", "clip"], 480) == {
+        "models": ["clip", "imagebind", "ofasys"], "budget_s": 870}
+    assert recorded_part(before, ["clip"], 100) == {  # a resumed run: the same models
+        "models": ["clip", "imagebind"], "budget_s": 390}
+    assert recorded_part(None, ["ofasys"], 50) == {"models": ["ofasys"], "budget_s": 50}
+    assert recorded_part("not json", ["ofasys"], 50) == {"models": ["ofasys"], "budget_s": 50}

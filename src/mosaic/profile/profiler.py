@@ -468,7 +468,7 @@ def profile_models(models: Sequence[str], db_path: str, cfg: ProfilerConfig,
         key = profile_meta_key(cfg.kernels, cfg.preset,
                                colocations=cfg.max_pairs + cfg.max_triples > 0,
                                busy_only=not cfg.surfaces)
-        config["models"] = _models_so_far(db.meta.get(key), models)
+        config.update(recorded_part(db.meta.get(key), models, cfg.budget_s))
         db.set_meta(key, json.dumps({**config, **versions}, sort_keys=True, default=str))
     else:
         db = ProfileDB.create(db_path, hardware=gpu.name, num_sms=gpu.num_sms, config=config,
@@ -514,14 +514,21 @@ def profile_models(models: Sequence[str], db_path: str, cfg: ProfilerConfig,
     return reports
 
 
-def _models_so_far(previous: str | None, models: Sequence[str]) -> list[str]:
-    """The models an updating run's part of the DB now holds: those of the runs before it
-    (recorded under the same meta key) and this run's."""
+def recorded_part(previous: str | None, models: Sequence[str], budget_s: float
+                  ) -> dict[str, Any]:
+    """What an updating run records for its part of the DB (the recipe's command for it):
+    the models of the runs before it (same meta key) and this run's, and the budget one run
+    would need for all of them: the runs' budgets summed where this run adds models, the
+    larger where it measures the same ones again (a resumed run)."""
     try:
-        before = list(json.loads(previous or "{}").get("models", []))
-    except (ValueError, AttributeError):
-        before = []
-    return before + [m for m in models if m not in before]
+        before = json.loads(previous or "{}")
+        models_before = list(before.get("models", []))
+        budget_before = float(before.get("budget_s", 0.0))
+    except (ValueError, TypeError, AttributeError):
+        models_before, budget_before = [], 0.0
+    added = [m for m in models if m not in models_before]
+    budget = budget_before + budget_s if added and models_before else max(budget_before, budget_s)
+    return {"models": models_before + added, "budget_s": budget}
 
 
 def _quiet_free() -> None:
