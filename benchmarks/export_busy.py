@@ -1,6 +1,6 @@
 """Write a ProfileDB's busy fractions as JSON (the raw data of BENCHMARKS.md's busy tables).
 
-    python benchmarks/export_busy.py DB OUT.json [--preset paper] [--kernels compile-default-blocks]
+    python benchmarks/export_busy.py DB OUT.json [--preset P] [--kernels K]
 
 --preset and --kernels keep the points of modules profiled at that preset with those kernels
 only (a module shared by two presets' models stays in both).
@@ -35,8 +35,8 @@ def main(argv: list[str] | None = None) -> int:
                   for p in db.busy() if p.signature in names]
         meta = {k: v for k, v in db.meta.items() if k.endswith(".busy") or k in ("torch", "gpu")}
     with open(args.out, "w") as f:
-        json.dump({"db": str(args.db), "preset": args.preset, "kernels": args.kernels, "meta": meta, "points": points},
-                  f, indent=1)
+        json.dump({"db": str(args.db), "preset": args.preset, "kernels": args.kernels,
+                   "meta": meta, "points": points}, f, indent=1)
     print(f"{len(points)} busy fractions -> {args.out}")
     return 0
 
