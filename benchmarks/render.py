@@ -780,7 +780,8 @@ def busy_fractions(results: Path, arg: str | None) -> str:
                      f"{ms(cells[b]['pair_s'])})" if b in cells else "–" for b in batches)]
             for name, cells in sorted(by_module.items())]
     # Exports before --preset/--kernels held the compiled `small` modules only.
-    what = {"compile-default-blocks": "compiled by blocks"}.get(export.get("kernels"), "compiled")
+    what = {"eager": "eager", "compile-default-blocks": "compiled by blocks"}.get(
+        export.get("kernels"), "compiled")
     return table([f"module ({what} `{export.get('preset') or 'small'}`)",
                   *(f"b{b}: busy (alone -> two side by side, ms)" for b in batches)], rows)
 

@@ -296,9 +296,9 @@ class ModelProfiler:
         stored as soon as it is done, so a stopped run keeps them, and one the DB holds
         already is skipped, so running again resumes."""
         batches = self.picked_batches(self.cfg.busy_batches)
-        held = {(p.signature, p.per_gpu_batch) for p in self.db.busy()}
         if not batches:
             return
+        held = {(p.signature, p.per_gpu_batch) for p in self.db.busy()}
         full = self.bank.full_sms
         _, streams, _ = self.bank.group("free", [full, full], [0, 0])
         distinct = {sig: name for name, sig in reversed(list(self.sigs.items()))}
