@@ -157,3 +157,15 @@ def test_the_user_program_compiles_whole_modules_under_an_engine_compiling_block
     user_compile_fn(report, "torch-compile")("m", _Stack(), "reduce-overhead")
     assert report.compiled["m"]["scope"] == "blocks"
     assert report.compiled["torch-compile/m"]["scope"] == "module"
+
+
+def test_compiling_raises_dynamos_recompile_limit_for_blocks_sharing_one_function(monkeypatch):
+    """Past Dynamo's limit a function runs eagerly with only a warning: the limit must cover
+    every block class and batch shape that shares one `forward` (transformers' layers)."""
+    import torch._dynamo
+
+    from mosaic.engine.compile import RECOMPILE_LIMIT
+
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 8)
+    compile_modules({"m": _Stack()}, "default", scope="blocks")
+    assert torch._dynamo.config.recompile_limit == RECOMPILE_LIMIT

@@ -105,6 +105,22 @@ def workaround_options(module: nn.Module) -> tuple[dict[str, Any], list[str]]:
     return options, reasons
 
 
+RECOMPILE_LIMIT = 64
+"""Dynamo's per-function limit of compiled variants (8 by default), raised. Static shapes
+make one variant per batch (the profiler's grid, micro-batches), and blocks of different
+classes can share one function: transformers' layers all run
+`GradientCheckpointingLayer.__call__`. Past the limit Dynamo runs the function eagerly and
+only warns: on the H200, OFASys `paper` with a second copy of its modules in bf16 (seven
+block classes twice) ran its LLM's 36 blocks eagerly, 2x slower."""
+
+
+def raise_recompile_limit() -> None:
+    import torch._dynamo
+
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit,
+                                               RECOMPILE_LIMIT)
+
+
 class CompiledModule(nn.Module):
     """`module` behind torch.compile; on the first call's failure, the module itself, eagerly.
 
@@ -115,6 +131,7 @@ class CompiledModule(nn.Module):
     def __init__(self, name: str, module: nn.Module, mode: str, report: CompileReport,
                  scope: str = "module") -> None:
         super().__init__()
+        raise_recompile_limit()
         self.inner = module
         self.name = name
         self._report = report

@@ -165,9 +165,6 @@ class ModelProfiler:
             return modules
         from mosaic.engine.compile import compile_modules
 
-        # Static shapes, as the engine compiles: one graph per batch of the grid, so the
-        # per-function recompile limit (8 by default) must cover the whole grid.
-        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
         mode, scope = compile_of_kernels(cfg.kernels)
         compiled, self.compile_report = compile_modules(modules, mode, scope=scope)
         return compiled
