@@ -661,8 +661,9 @@ def bench(
     engine_variants: Annotated[list[str] | None, typer.Option(
         "--engine-variant", help="also measure every data-parallel plan with these gradient-sync "
         "settings, in the same rounds (repeatable), e.g. grad_sync=bucketed or "
-        "bucket_view=false,reduce_dtype=bf16, or every plan with grads_in_graph=false or "
-        "optimizer_overlap=true; "
+        "bucket_view=false,reduce_dtype=bf16, or every plan with grads_in_graph=false, "
+        "optimizer_overlap=true or bf16_weights=true (one GPU; bf16 GEMM weights, fp32 main "
+        "weights in the optimizer); "
         "labelled PLAN@SETTINGS")] = None,
     plans_dir: Annotated[Path | None, typer.Option("--plans", help="measure the plan JSONs in this "
                                                    "directory (from `mosaic plan --out`) instead of planning")] = None,

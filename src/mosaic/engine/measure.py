@@ -36,6 +36,7 @@ import torch.distributed as dist
 from torch import nn
 
 from mosaic.engine.compile import CompileReport, compile_fn, compile_modules
+from mosaic.engine.main_weights import MainWeightsAdamW, cast_weights_bf16
 from mosaic.engine.session import (
     Dist,
     EngineConfig,
@@ -82,9 +83,10 @@ DEFAULT_USER_PROGRAMS = ("torch-eager", "torch-compile")
 BASELINES = ("megatron", "distmm", "spindle")
 USER_ROUNDS = ("interleaved", "apart")
 VARIANT_FIELDS = ("grad_sync", "reduce_dtype", "bucket_view", "grads_in_graph",
-                  "optimizer_overlap")
-_BOOL_FIELDS = ("bucket_view", "grads_in_graph", "optimizer_overlap")
-"""Engine settings a bench may vary per contender: gradient synchronisation only."""
+                  "optimizer_overlap", "bf16_weights")
+_BOOL_FIELDS = ("bucket_view", "grads_in_graph", "optimizer_overlap", "bf16_weights")
+"""Engine settings a bench may vary per contender: gradient synchronisation, the optimizer
+and the weights' precision (a bf16-weight contender trains its own copy of the modules)."""
 
 
 class BenchError(MosaicError):
@@ -297,7 +299,7 @@ def _setup(model, preset: str, graph: MMGraph, plans: dict[str, Plan], gpu: GPUS
         for label, plan in plans.items():
             start = time.perf_counter()
             own_engine = _on_device(engines.get(label, config.engine), d)
-            if _reshapes(plan):
+            if _reshapes(plan) or own_engine.bf16_weights:
                 contenders[label] = _own_contender(label, plan, model, preset, graph, d, gpu,
                                                    own_engine, config, compiled, batch)
             else:
@@ -325,6 +327,8 @@ def engine_variant(base: EngineConfig, settings: dict[str, Any]) -> EngineConfig
     if unknown:
         raise BenchError(f"engine variant fields {sorted(unknown)}: a variant may change only "
                          f"{', '.join(VARIANT_FIELDS)} (the modules are compiled once for all)")
+    if settings.get("bf16_weights") and base.amp is False:
+        raise BenchError("engine variant bf16_weights=true needs bf16 autocast: leave amp on")
     try:
         engine = replace(base, **settings)
         engine.runner_config()  # the runner's own checks, now rather than at set-up
@@ -365,7 +369,7 @@ def variant_applies(plan: Plan, settings: dict[str, Any]) -> bool:
     """Whether an engine variant changes how `plan` runs: gradient accumulation in the graphs
     and the optimizer's overlap matter to every plan, the gradient-sync settings to
     data-parallel ones only."""
-    every_plan = {"grads_in_graph", "optimizer_overlap"}
+    every_plan = {"grads_in_graph", "optimizer_overlap", "bf16_weights"}
     return bool(every_plan & set(settings)) or synchronises_gradients(plan)
 
 
@@ -377,15 +381,36 @@ def _reshapes(plan: Plan) -> bool:
 def _own_contender(label: str, plan: Plan, model, preset: str, graph: MMGraph, d: Dist,
                    gpu: GPUSpec, engine: EngineConfig, config: BenchConfig,
                    compiled: CompileReport, batch: dict) -> _Contender:
-    """A plan that shards its modules in place trains its own copy of them (the same weights:
-    same seed) with its own optimizer, so the other plans keep whole parameters."""
+    """A plan that shards its modules in place, or stores their weights in bf16, trains its
+    own copy of them (the same weights: same seed) with its own optimizer, so the other plans
+    keep whole fp32 parameters."""
     own = build_modules(model, preset, local_modules(plan, d.rank), config.seed, d.device)
+    if engine.bf16_weights:
+        _check_bf16_weights(label, plan, d, engine)
+        cast_weights_bf16(own.values())
     views, _ = compile_modules(own, engine.compile, compiled, engine.compile_scope)
     session = RankSession.create(plan, graph, own, d, gpu, engine, views=views)
     contender = _plan_contender(label, session, batch)
     contender.modules = own
-    contender.optimizer = make_optimizer("adamw", session.parameters(), config.lr)
+    contender.optimizer = (MainWeightsAdamW(session.parameters(), config.lr)
+                           if engine.bf16_weights
+                           else make_optimizer("adamw", session.parameters(), config.lr))
     return contender
+
+
+def _check_bf16_weights(label: str, plan: Plan, d: Dist, engine: EngineConfig) -> None:
+    """bf16 weights need CUDA's autocast (a bf16 GEMM weight meets fp32 activations), and
+    are measured on one GPU so far: nothing reduces or shards their bf16 gradients yet."""
+    if d.device.type != "cuda":
+        raise BenchError(f"{label!r}: bf16_weights=true needs a GPU (bf16 autocast runs there "
+                         "only); drop the variant on CPU")
+    if _reshapes(plan) or synchronises_gradients(plan):
+        raise BenchError(f"{label!r}: bf16_weights=true runs plans without data-parallel, "
+                         "sharded or tensor-parallel modules so far; drop the variant for "
+                         "this plan or measure it on one GPU")
+    if engine.accumulation > 1:
+        raise BenchError(f"{label!r}: bf16_weights=true would add micro-steps' gradients in "
+                         "bf16; drop --accumulation or the variant")
 
 
 def _add_user_programs(s: _Setup, config: BenchConfig) -> None:

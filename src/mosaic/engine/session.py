@@ -67,6 +67,10 @@ class EngineConfig:
     """One optimizer per module, each stepped on the module's stream as soon as its gradients
     are final (OverlappedOptimizer), not one after every backward. `mosaic bench` only, until
     measured on the GPU (`--engine-variant optimizer_overlap=true`)."""
+    bf16_weights: bool = False
+    """Weights of the GEMMs stored in bf16, fp32 main weights in the optimizer, which writes
+    the bf16 weights as it updates (engine/main_weights.py): no autocast weight casts.
+    `mosaic bench` only, one GPU, until measured (`--engine-variant bf16_weights=true`)."""
     grads_in_graph: bool = True
     """With graphs: each backward graph accumulates its module's parameter gradients itself
     (no per-parameter host work; engine/graphed.py), except where DDP synchronises them."""

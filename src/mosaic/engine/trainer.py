@@ -172,6 +172,10 @@ class TrainConfig:
             raise TrainError("engine.optimizer_overlap is measured by `mosaic bench "
                              "--engine-variant optimizer_overlap=true` only so far; training "
                              "steps one optimizer after the backward (leave it False)")
+        if self.engine.bf16_weights:
+            raise TrainError("engine.bf16_weights is measured by `mosaic bench "
+                             "--engine-variant bf16_weights=true` only so far; training keeps "
+                             "fp32 weights under autocast (leave it False)")
         if self.lr <= 0:
             raise TrainError(f"lr={self.lr} must be > 0")
         if self.device not in (None, "cpu", "cuda"):

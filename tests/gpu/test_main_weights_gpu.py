@@ -1,0 +1,74 @@
+"""bf16 weights with fp32 main weights on the GPU (skipped without CUDA): the compiled,
+graph-captured optimizer step against the eager one on the CPU, and a plan trained so in
+`mosaic bench` passing the gradient check against the fp32 user program.
+
+    PYTHONPATH=src python -m pytest -m gpu tests/gpu/test_main_weights_gpu.py -s
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from mosaic.engine.main_weights import MainWeightsAdamW
+from mosaic.engine.measure import BenchConfig, measure_plans
+from mosaic.engine.session import EngineConfig
+from mosaic.hardware import H200
+from mosaic.zoo import get_model
+from tests.test_engine import one_gpu_plans
+
+pytestmark = pytest.mark.gpu
+STEPS = 6
+
+
+def test_the_captured_compiled_step_updates_as_the_eager_one():
+    """Gradients rewritten in place each step (as the backward graphs do): after the eager
+    steps the step is one CUDA graph, and weights and main weights match the CPU's."""
+    torch.manual_seed(0)
+    shapes = [(1024, 768), (768,), (3, 5, 7)]
+    starts = [torch.randn(s) for s in shapes]
+    dtypes = [torch.bfloat16, torch.float32, torch.bfloat16]
+    runs = {}
+    for device in ("cpu", "cuda"):
+        params = [nn.Parameter(x.to(device=device, dtype=d, copy=True))  # not the CPU start
+                  for x, d in zip(starts, dtypes, strict=True)]
+        grads = [torch.empty(p.shape, dtype=p.dtype, device=device) for p in params]
+        optimizer = MainWeightsAdamW(params, 1e-3, weight_decay=0.01)
+        for step in range(STEPS):
+            generator = torch.Generator().manual_seed(step)
+            for p, g in zip(params, grads, strict=True):
+                g.copy_(torch.randn(p.shape, generator=generator))
+                p.grad = g
+            optimizer.step()
+        runs[device] = ([p.detach().cpu() for p in params],
+                        [m.cpu() for m in optimizer.mains], optimizer)
+    assert len(runs["cuda"][2].graphs) == 1  # captured once, replayed since
+    for got, want in zip(runs["cuda"][1], runs["cpu"][1], strict=True):  # bf16 weights' mains
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(runs["cuda"][0][1], runs["cpu"][0][1], rtol=1e-5, atol=1e-6)
+    for weight, main in zip(runs["cuda"][0][::2], runs["cuda"][1], strict=True):
+        torch.testing.assert_close(weight, main.to(weight.dtype), rtol=0, atol=0)
+
+
+def test_a_plan_with_bf16_weights_computes_what_the_fp32_user_program_does():
+    model = get_model("clip")
+    graph = model.graph("small", global_batch=32)
+    plans = {k: p for k, p in one_gpu_plans(graph).items() if k == "partition"}
+    plans["partition@bf16_weights=true"] = plans["partition"]
+    config = BenchConfig(rounds=2, steps_per_round=3, warmup_steps=4, nvml_seconds=0,
+                         engine=EngineConfig(graphs=True, compile="default"),
+                         user_programs=("torch-eager",))
+    engines = {"partition@bf16_weights=true": EngineConfig(graphs=True, compile="default",
+                                                           bf16_weights=True)}
+    measurements, checks = measure_plans(model, "small", graph, plans, H200, config, engines)
+    medians = {m.label: round(1e3 * m.median_s, 2) for m in measurements}
+    errors = {m.label: max(m.grad_error.values()) for m in measurements}
+    print(medians, errors, checks["gradients"])
+    assert all(math.isfinite(v) and v > 0 for v in medians.values())
+    # bf16 weights are autocast's own rounding: gradients agree as closely as fp32 plans do
+    assert errors["partition@bf16_weights=true"] <= max(2 * errors["partition"], 1e-2)
+    assert checks["gradients"]["reference"] == "torch-eager"
+    torch.cuda.synchronize()
