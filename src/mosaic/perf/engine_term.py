@@ -155,13 +155,18 @@ def gpu_engine_kind(gpus: int | None = None) -> str:
     return engine_kind(GPU_ENGINE, gpus)
 
 
+BF16_WEIGHTS = "bf16-weights"
+"""The engine-kind part of an engine that keeps bf16 GEMM weights and fp32 main weights."""
+
+
 def engine_kind(engine: dict[str, Any] | None, gpus: int | None = None) -> str:
     """The engine a measurement ran on, from a bench JSON's `engine` record: results without
     one come from the older eager engine; otherwise 'graphs' and/or 'compile-<mode>', plus the
     gradient synchronisation when it is not the default DDP in fp32 ('flat', 'bucketed',
     'bf16-reduce'; only where several GPUs (`gpus`) could synchronise: on one GPU these
     settings change nothing) and 'grads-in-graph' when backward graphs leave the gradients:
-    each has its own host cost, so each gets its own term."""
+    each has its own host cost, so each gets its own term. 'bf16-weights' last, for an engine
+    that keeps bf16 GEMM weights (it shares its fp32 twin's term: term_engine)."""
     if not engine:
         return "eager"
     parts = (["graphs"] if engine.get("graphs") else []) + (
@@ -175,6 +180,8 @@ def engine_kind(engine: dict[str, Any] | None, gpus: int | None = None) -> str:
             parts.append(f"{engine['reduce_dtype']}-reduce")
     if engine.get("graphs") and engine.get("grads_in_graph"):
         parts.append("grads-in-graph")  # results before the field existed: False
+    if engine.get("bf16_weights"):
+        parts.append(BF16_WEIGHTS)
     return "+".join(parts) or "eager"
 
 
@@ -424,12 +431,19 @@ def stored_term(db: ProfileDB, engine: str | None) -> EngineTerm | None:
     if engine is None:
         return None
     fits = {f.name: f for f in db.fits()}
-    fit = fits.get(FIT_PREFIX + engine) or fits.get(FIT_PREFIX + untuned_engine(engine))
+    fit = fits.get(FIT_PREFIX + engine) or fits.get(FIT_PREFIX + term_engine(engine))
     return EngineTerm.from_fit(fit) if fit is not None else None
 
 
-def untuned_engine(engine: str) -> str:
-    """The engine kind with a tuned compile mode read as the default one: tuning changes which
-    kernels run, not the engine's per-step host work that the term fits."""
+def term_engine(engine: str) -> str:
+    """The engine kind whose fitted term `engine` shares: a tuned compile mode reads as the
+    default one (tuning changes which kernels run, not the per-step host work that the term
+    fits), and bf16 weights as fp32 ones (the same launches; what they save is in the
+    composed time: perf/profiled.py)."""
     return "+".join("compile-default" if part.removeprefix("compile-") in TUNED_MODES else part
-                    for part in engine.split("+"))
+                    for part in engine.split("+") if part != BF16_WEIGHTS)
+
+
+def bf16_weights(engine: str | None) -> bool:
+    """Whether an engine kind stores its GEMM weights in bf16 (engine/main_weights.py)."""
+    return BF16_WEIGHTS in (engine or "").split("+")

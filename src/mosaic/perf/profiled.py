@@ -38,6 +38,7 @@ from mosaic.perf.analytic import AnalyticModel
 from mosaic.perf.base import PerfModel, Work
 from mosaic.perf.engine_term import (
     EngineTerm,
+    bf16_weights,
     kernels_of_engine,
     plan_features,
     sequential_plan,
@@ -583,6 +584,11 @@ def _sensitivities(db: ProfileDB) -> dict[str, float]:
 
 
 # --- 3. the PerfModel ----------------------------------------------------------------------
+CAST_BYTES_PER_PARAM = 12.0
+"""Device-memory traffic per weight of autocast's two casts a step: the forward's fp32 -> bf16
+copy (read 4 bytes, write 2) and the backward's bf16 -> fp32 gradient (read 2, write 4)."""
+
+
 class ProfiledModel(PerfModel):
     """Measured surfaces + interference (`aware` | `linear` | `unaware`) from a ProfileDB."""
 
@@ -709,8 +715,16 @@ class ProfiledModel(PerfModel):
 
     # --- the engine term: added to the composed iteration, kept separable --------------------
     def composed_time_s(self, plan: Plan, graph: MMGraph) -> float:
-        """The iteration composed from surfaces, transfers and optimizer, without the term."""
-        return super().iteration_time_s(plan, graph)
+        """The iteration composed from surfaces, transfers and optimizer, without the term.
+        With bf16 weights, less the weight casts that the surfaces (measured with fp32 weights
+        under autocast) include: a pass of CAST_BYTES_PER_PARAM over the busiest GPU's
+        parameters at the optimizer's measured bandwidth (its own bytes barely change: reads
+        a bf16 gradient, writes a bf16 weight)."""
+        composed = super().iteration_time_s(plan, graph)
+        if not bf16_weights(self.engine):
+            return composed
+        cast_s = self.memory_pass_s(self._most_params(plan, graph), CAST_BYTES_PER_PARAM)
+        return composed - cast_s
 
     def engine_term_s(self, plan: Plan, graph: MMGraph) -> float:
         """The fitted per-step engine term of `plan` (0 without one for this engine kind)."""
