@@ -352,9 +352,11 @@ def variants_table(dir_or_files: str | Path | Iterable[str | Path], results: Pat
                          str(report["global_batch"]), _engine_text(report), base_label,
                          ", ".join(f"{k}={str(v).lower()}" for k, v in settings.items()),
                          ms(base["measured_iteration_s"]) if base else "–",
-                         ms(r["measured_iteration_s"]), _speedup(r, base)])
+                         ms(r["measured_iteration_s"]), _speedup(r, base),
+                         _speedup(user_baseline(report), r), pct(mfu(report, r), signed=False)])
     return table(["file", "model", "preset", "GPUs", "batch", "run's engine", "plan",
-                  "variant", "run's engine, ms", "variant, ms", "run's engine vs variant"], rows)
+                  "variant", "run's engine, ms", "variant, ms", "run's engine vs variant",
+                  "variant vs torch-compile", f"variant MFU (of {PEAK_TFLOPS:.0f} TF/s)"], rows)
 
 
 @renderer("variants")
@@ -393,8 +395,9 @@ def _compiled_one_gpu(report: dict[str, Any]) -> bool:
 
 def _latest_runs(results: Path) -> dict[tuple[str, str, int], tuple[Path, dict[str, Any]]]:
     """(model, preset, batch) -> the newest compiled one-GPU result with the user's
-    torch.compile program beside it, else the newest without; never a superseded one, nor
-    one stopped before it measured every contender (`complete` false)."""
+    torch.compile program beside it, else the newest without; never a superseded one, one
+    stopped before it measured every contender (`complete` false), nor one without mosaic's
+    plan (a variant measured on a baseline's plan alone)."""
     from mosaic.perf.results import superseded
 
     def rank(report: dict[str, Any]) -> tuple[bool, str]:
@@ -404,6 +407,8 @@ def _latest_runs(results: Path) -> dict[tuple[str, str, int], tuple[Path, dict[s
     for path in _result_files(results, "."):
         report = load(path)
         if not _compiled_one_gpu(report) or superseded(path) or not report.get("complete", True):
+            continue
+        if "mosaic" not in by_planner(report):
             continue
         key = (report["model"], report["preset"], report["global_batch"])
         if key not in latest or rank(report) > rank(latest[key][1]):
@@ -429,7 +434,20 @@ def _target_row(report: dict[str, Any], path: Path, results: Path, times: int) -
             ms(user["measured_iteration_s"]) if user else "not run",
             _verdict(_ratio(base, mosaic), SPEEDUP_VS_BASELINE),
             _verdict(_ratio(user, mosaic), SPEEDUP_VS_USER),
-            within, _mfu_cell(report, mosaic)]
+            within, _mfu_cell(report, mosaic), _bf16_weights_cell(report, rows.get(BF16_MOSAIC))]
+
+
+BF16_MOSAIC = "mosaic@bf16_weights=true"
+"""mosaic's plan again with bf16 GEMM weights and fp32 main weights (a bench variant)."""
+
+
+def _bf16_weights_cell(report: dict[str, Any], row: dict[str, Any] | None) -> str:
+    if row is None:
+        return "–"
+    user = user_baseline(report)
+    versus = f", {_ratio(user, row):.3f}x torch-compile" if user else ""
+    return (f"{ms(row['measured_iteration_s'])} ms: {_ratio(best_baseline(report), row):.3f}x "
+            f"best baseline{versus}, MFU {pct(mfu(report, row), signed=False)}")
 
 
 @renderer("targets-1gpu")
@@ -450,14 +468,15 @@ def targets_one_gpu(results: Path, arg: str | None) -> str:
                 if key in latest:
                     rows.append(head + _target_row(latest[key][1], latest[key][0], results, times))
                 else:
-                    rows.append(head + [_unmeasured(model, preset, key[2])] + ["–"] * 8)
+                    rows.append(head + [_unmeasured(model, preset, key[2])] + ["–"] * 9)
     header = ["model", "preset", "batch", "result", "date", "mosaic, ms",
               "best baseline, ms", "torch-compile, ms",
               f"vs best baseline (≥{SPEEDUP_VS_BASELINE:.2f}x)",
               f"vs torch-compile (≥{SPEEDUP_VS_USER:.2f}x)",
               f"mosaic's plan behind the best plan (4x: ≤{PLAN_WITHIN:.0%})",
               f"mosaic MFU (of {PEAK_TFLOPS:.0f} TF/s; `paper` {', '.join(MFU_TARGET_MODELS)}: "
-              f"≥{MFU_TARGET:.0%})"]
+              f"≥{MFU_TARGET:.0%})",
+              "mosaic with bf16 weights (`--engine-variant bf16_weights=true`), same run"]
     return table(header, rows)
 
 
@@ -702,6 +721,36 @@ def autotune_choices(results: Path, arg: str | None) -> str:
                    "ATen / fastest", "tuning, s"], rows)
             + f"\n\n{len(tuned)} operators tuned in {sum(t['tuning_s'] for t in tuned):.0f} s; "
             f"a generated kernel beat ATen by 5% or more on {faster}.")
+
+
+# --- the optimizer step of bf16 weights (benchmarks/main_weights_step.py) -----------------------
+
+@renderer("main-weights-step")
+def main_weights_step(results: Path, arg: str | None) -> str:
+    """benchmarks/main_weights_step.py's JSON files under results/ARG: one optimizer step over
+    a model's parameters, torch's fused AdamW over fp32 weights against the main-weights
+    AdamW over bf16 GEMM weights (each way of compiling its update that the run measured)."""
+    if not arg:
+        raise RenderError("main-weights-step needs a directory under results/")
+    rows = []
+    for path in sorted((results / arg).glob("main_weights_step_*.json")):
+        run = load(path)
+        fused = run["fused_adamw_fp32"]
+        for key in sorted(k for k in run if k.startswith("main_weights_bf16")):
+            main = run[key]
+            rows.append([path.name, run["model"], run["preset"],
+                         f"{fused['tensors']} / {fused['parameters'] / 1e9:.2f} B",
+                         f"{fused['gpu_ms']:.2f}",
+                         main.get("kernel", "one Inductor kernel for every size"),
+                         f"{main['bf16_tensors']} bf16 ({main['bf16_parameters'] / 1e9:.2f} B) "
+                         f"+ {main['fp32_tensors']} fp32", f"{main['gpu_ms']:.2f}",
+                         f"{fused['gpu_ms'] / main['gpu_ms']:.3f}x",
+                         "yes" if main["graphs_captured"] else "no",
+                         "yes" if main["weights_are_mains_rounded"] else "NO"])
+    return table(["file", "model", "preset", "fused AdamW: tensors / parameters",
+                  "fused AdamW fp32, GPU ms", "main-weights update", "main-weights tensors",
+                  "main-weights, GPU ms", "fused / main-weights", "step captured",
+                  "bf16 weights = main weights rounded"], rows)
 
 
 # --- checkpoint saves written before the next step or in the background ------------------------
