@@ -322,7 +322,7 @@ def _on_device(engine: EngineConfig, d: Dist) -> EngineConfig:
 
 
 def engine_variant(base: EngineConfig, settings: dict[str, Any]) -> EngineConfig:
-    """`base` with the gradient-sync settings of one `--engine-variant` (checked)."""
+    """`base` with the settings of one `--engine-variant` (checked)."""
     unknown = set(settings) - set(VARIANT_FIELDS)
     if unknown:
         raise BenchError(f"engine variant fields {sorted(unknown)}: a variant may change only "
@@ -366,9 +366,9 @@ def synchronises_gradients(plan: Plan) -> bool:
 
 
 def variant_applies(plan: Plan, settings: dict[str, Any]) -> bool:
-    """Whether an engine variant changes how `plan` runs: gradient accumulation in the graphs
-    and the optimizer's overlap matter to every plan, the gradient-sync settings to
-    data-parallel ones only."""
+    """Whether an engine variant changes how `plan` runs: gradient accumulation in the graphs,
+    the optimizer's overlap and bf16 weights matter to every plan, the gradient-sync settings
+    to data-parallel ones only."""
     every_plan = {"grads_in_graph", "optimizer_overlap", "bf16_weights"}
     return bool(every_plan & set(settings)) or synchronises_gradients(plan)
 
