@@ -384,9 +384,10 @@ def _own_contender(label: str, plan: Plan, model, preset: str, graph: MMGraph, d
     """A plan that shards its modules in place, or stores their weights in bf16, trains its
     own copy of them (the same weights: same seed) with its own optimizer, so the other plans
     keep whole fp32 parameters."""
-    own = build_modules(model, preset, local_modules(plan, d.rank), config.seed, d.device)
     if engine.bf16_weights:
         _check_bf16_weights(label, plan, d, engine)
+    own = build_modules(model, preset, local_modules(plan, d.rank), config.seed, d.device)
+    if engine.bf16_weights:
         cast_weights_bf16(own.values())
     views, _ = compile_modules(own, engine.compile, compiled, engine.compile_scope)
     session = RankSession.create(plan, graph, own, d, gpu, engine, views=views)
