@@ -77,7 +77,7 @@ def _main_weights(model_name: str, preset: str, kernel: str) -> dict:
     main = _time(optimizer, host)
     bf16 = [p for p in params if p.dtype == torch.bfloat16]
     rounded = all(torch.equal(p.detach(), m.to(torch.bfloat16))
-                  for p, m in zip(optimizer.params, optimizer.mains, strict=True))
+                  for p, m in zip(optimizer.bf16, optimizer.mains, strict=True))
     sizes = "every size" if kernel == "dynamic" else "each size"
     return {
         "kernel": f"one Inductor kernel for {sizes}", "distinct_sizes": len({p.numel() for p in bf16}),

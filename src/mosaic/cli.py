@@ -429,6 +429,9 @@ def train(
     grads_in_graph: Annotated[bool, typer.Option(help="with graphs: each backward graph adds its "
                                                  "module's gradients itself (not under DDP)")] = True,
     accumulation: Annotated[int, typer.Option(help="gradient-accumulation micro-steps per step")] = 1,
+    bf16_weights: Annotated[bool, typer.Option(help="keep the GEMM weights in bf16 and fp32 main "
+                                               "weights in AdamW (no autocast weight casts; "
+                                               "plans keeping each module on one GPU)")] = False,
     checkpoint_dir: Annotated[Path | None, typer.Option(help="directory for atomic checkpoints (torch.distributed.checkpoint)")] = None,
     checkpoint_every: Annotated[int, typer.Option(help="checkpoint every K steps (and at the end); 0: only at the end")] = 0,
     checkpoint_background: Annotated[bool, typer.Option(help="write checkpoints in a background thread: a step waits only for the copy to host memory; a checkpoint counts once every rank wrote it")] = False,
@@ -490,7 +493,7 @@ def train(
         engine = EngineConfig(graphs=graphs, compile=compile_mode, compile_scope=compile_scope,
                               grad_sync=grad_sync,
                               reduce_dtype=reduce_dtype, grads_in_graph=grads_in_graph,
-                              accumulation=accumulation,
+                              accumulation=accumulation, bf16_weights=bf16_weights,
                               timeline=out is not None)
         plan_obj = None if plan_file is not None else _training_plan(
             model, str(preset), batch, gpus or d.world_size, hardware, planner,

@@ -72,3 +72,35 @@ def test_a_plan_with_bf16_weights_computes_what_the_fp32_user_program_does():
     assert errors["partition@bf16_weights=true"] <= max(2 * errors["partition"], 1e-2)
     assert checks["gradients"]["reference"] == "torch-eager"
     torch.cuda.synchronize()
+
+
+def test_training_with_bf16_weights_follows_fp32_weights_and_resumes(tmp_path, monkeypatch):
+    """`mosaic train --bf16-weights` on the GPU (graphs, compiled modules, the NaN guard's
+    found_inf on the device): the losses follow the fp32-weight run's (the same bf16 values
+    in forward and backward; the optimizers' arithmetic differs in the last bits), the step
+    is captured, and a run stopped after a checkpoint resumes to the same weights."""
+    from mosaic.engine import main_weights
+    from mosaic.engine.checkpoint import CheckpointConfig
+    from mosaic.engine.trainer import TrainConfig, train
+    from tests.test_engine import state_of
+
+    monkeypatch.setattr(main_weights, "MIN_ELEMENTS", 1)  # tiny weights
+    model = get_model("imagebind")
+    plan = one_gpu_plans(model.graph("tiny"))["free"]
+    common = dict(model="imagebind", preset="tiny", plan=plan, warmup_steps=1, device="cuda",
+                  lr=1e-3, progress=False)
+    engine = EngineConfig(graphs=True, compile="default")
+    bf16 = EngineConfig(graphs=True, compile="default", bf16_weights=True)
+    fp32_run = train(TrainConfig(steps=8, engine=engine, **common))
+    whole = train(TrainConfig(steps=8, engine=bf16, **common))
+    losses = [s["loss"] for s in whole.steps]
+    print("fp32 weights:", [round(s["loss"], 5) for s in fp32_run.steps], "bf16:", losses)
+    torch.testing.assert_close(losses, [s["loss"] for s in fp32_run.steps], rtol=2e-2, atol=0)
+    ckpt = CheckpointConfig(directory=str(tmp_path / "ckpt"), every_steps=4)
+    train(TrainConfig(steps=4, checkpoint=ckpt, engine=bf16, **common))
+    resumed = train(TrainConfig(steps=8, checkpoint=ckpt, resume=True, engine=bf16, **common))
+    torch.testing.assert_close([s["loss"] for s in resumed.steps], losses[4:], rtol=1e-3, atol=0)
+    want, got = state_of(whole.modules), state_of(resumed.modules)
+    for key in want:
+        torch.testing.assert_close(got[key].float(), want[key].float(), rtol=1e-2, atol=1e-3,
+                                   msg=key)

@@ -442,6 +442,11 @@ def _prepare_load(info: CheckpointInfo, state: _LiveState) -> tuple[dict[str, to
             raise CheckpointError(f"{info.path}: {key} has shape {list(shape)} there but "
                                   f"{list(tensor.shape)} here; load it into the model it was "
                                   "saved from (same preset)")
+        dtype = getattr(getattr(saved[key], "properties", None), "dtype", tensor.dtype)
+        if dtype != tensor.dtype:  # DCP would cast: bf16 weights would lose their fp32 mains
+            raise CheckpointError(f"{info.path}: {key} is {dtype} there but {tensor.dtype} "
+                                  "here; resume with the weights' precision it was saved with "
+                                  "(engine bf16_weights)")
     for key in wanted:
         state.set_value(key, values[key])
     return tensors, saved_optimizer
@@ -453,6 +458,10 @@ def _missing_message(folder: Path, missing: list[str], saved: Mapping[str, Any])
     if modules:
         return (f"{folder} has no weights for {missing[0]} and {len(missing) - 1} more (modules "
                 f"{modules}; it holds modules {held}); load it into the model it was saved from")
+    if any(k.endswith(".main") for k in missing):
+        return (f"{folder} has no fp32 main weights ({missing[0]}): it was saved with fp32 "
+                "weights; resume with the weights' precision it was saved with (engine "
+                "bf16_weights)")
     return (f"{folder} has no optimizer value {missing[0]} (and {len(missing) - 1} more): it was "
             "saved without an optimizer or with another optimizer type; use the same optimizer, "
             "or pass optimizer=None to load the weights only")

@@ -24,9 +24,12 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Iterable
+from typing import Any
 
 import torch
 from torch import nn
+
+from mosaic.plan import Plan
 
 BF16_WEIGHT_OWNERS = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
 """Modules whose weights autocast casts to bf16 for their GEMM or convolution."""
@@ -39,11 +42,12 @@ MAX_GRAPHS = 4
 
 
 def cast_weights_bf16(modules: Iterable[nn.Module],
-                      min_elements: int = MIN_ELEMENTS) -> list[nn.Parameter]:
+                      min_elements: int | None = None) -> list[nn.Parameter]:
     """Store in bf16, in place, the weight of every `BF16_WEIGHT_OWNERS` submodule of
-    `modules` with at least `min_elements` elements (autocast computes with it in bf16
-    anyway). A weight some other module also holds (tied to an embedding) stays fp32: that
-    module computes in fp32 with it. Returns the parameters cast."""
+    `modules` with at least `min_elements` (default MIN_ELEMENTS) elements: autocast computes
+    with it in bf16 anyway. A weight some other module also holds (tied to an embedding)
+    stays fp32: that module computes in fp32 with it. Returns the parameters cast."""
+    min_elements = MIN_ELEMENTS if min_elements is None else min_elements
     modules = list(modules)
     elsewhere = {id(p) for m in modules for sub in m.modules()
                  if not isinstance(sub, BF16_WEIGHT_OWNERS)
@@ -59,19 +63,39 @@ def cast_weights_bf16(modules: Iterable[nn.Module],
     return list(cast.values())
 
 
+def bf16_weights_refusal(plan: Plan, *, cuda: bool, amp: bool | None,
+                         accumulation: int) -> str | None:
+    """Why the engine cannot run `plan` with bf16 weights, with the fix; None when it can."""
+    if not (amp or (amp is None and cuda)):
+        return ("bf16_weights needs bf16 autocast (a bf16 weight meets fp32 activations): on a "
+                "GPU leave amp unset, on the CPU set amp=True")
+    if any(p.dp_degree > 1 or p.shard or p.tensor_parallel > 1
+           for stage in plan.stages for p in stage.placements):
+        return ("bf16_weights runs plans without data-parallel, sharded or tensor-parallel "
+                "modules so far (their bf16 gradients would be reduced in bf16); use a plan "
+                "that keeps each module whole on one GPU, or fp32 weights")
+    if accumulation > 1:
+        return ("bf16_weights would add the micro-steps' gradients in bf16; drop the "
+                "accumulation or the bf16 weights")
+    return None
+
+
 def _adamw_update(main: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor,
                   exp_avg_sq: torch.Tensor, weight: torch.Tensor, lr: torch.Tensor,
-                  step_size: torch.Tensor, bias2_sqrt: torch.Tensor, *, beta1: float,
-                  beta2: float, eps: float, weight_decay: float) -> None:
+                  step_size: torch.Tensor, bias2_sqrt: torch.Tensor, found_inf: torch.Tensor,
+                  *, beta1: float, beta2: float, eps: float, weight_decay: float) -> None:
     """One AdamW step of one tensor (torch.optim.AdamW's arithmetic), writing the bf16
-    `weight` from the new fp32 `main`. Elementwise only, so Inductor fuses it into one
-    kernel."""
+    `weight` from the new fp32 `main`; nothing changes where `found_inf` is set (the
+    trainer's guard found a non-finite gradient). Elementwise only, so Inductor fuses it into
+    one kernel."""
+    skip = found_inf > 0
     g = grad.float()
     m = exp_avg + (g - exp_avg) * (1 - beta1)
     v = exp_avg_sq * beta2 + g * g * (1 - beta2)
     new = main * (1 - lr * weight_decay) - step_size * m / (v.sqrt() / bias2_sqrt + eps)
-    exp_avg.copy_(m)
-    exp_avg_sq.copy_(v)
+    new = torch.where(skip, main, new)
+    exp_avg.copy_(torch.where(skip, exp_avg, m))
+    exp_avg_sq.copy_(torch.where(skip, exp_avg_sq, v))
     main.copy_(new)
     weight.copy_(new)
 
@@ -93,63 +117,85 @@ def _update_fn(device_type: str, beta1: float, beta2: float, eps: float, weight_
     return torch.compile(update, dynamic=dynamic, fullgraph=dynamic)
 
 
-class MainWeightsAdamW:
-    """AdamW over `params`: fp32 main copies of the bf16 ones, updated by this class (module
-    doc); the fp32 ones by torch's fused AdamW. One step count for all bf16 weights: torch's
-    AdamW keeps one per parameter, which differ only for parameters that skip steps."""
+def _adamw_defaults(lr: float, betas: tuple[float, float], eps: float,
+                    weight_decay: float) -> dict[str, Any]:
+    """torch's fused AdamW's hyperparameters, every key of them (they differ between torch
+    versions): a checkpoint then differs from an fp32 run's only in dtypes and `main`."""
+    probe = torch.optim.AdamW([nn.Parameter(torch.zeros(1))], lr=lr, betas=betas, eps=eps,
+                              weight_decay=weight_decay, fused=True)
+    return dict(probe.defaults)
+
+
+class MainWeightsAdamW(torch.optim.Optimizer):
+    """AdamW over one group of parameters: fp32 main copies of the bf16 ones, updated here
+    (module doc), the fp32 ones by torch's fused AdamW, which shares this optimizer's state.
+
+    The state is AdamW's (`step`, `exp_avg`, `exp_avg_sq` per parameter) plus `main` for each
+    bf16 weight, so a checkpoint holds the fp32 main weights and a resume continues exactly.
+    Loading writes into the live tensors (a captured step keeps reading them). `found_inf`
+    (a 0-d device tensor set before `step`, as for torch's fused optimizers) skips the update
+    on the device. The bf16 weights share one step count: torch's AdamW keeps one per
+    parameter, which differ only for parameters that skip steps (no gradient)."""
 
     def __init__(self, params: Iterable[nn.Parameter], lr: float,
                  betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
                  weight_decay: float = 0.0, dynamic: bool = True) -> None:
-        params = [p for p in params if p.requires_grad]
-        self.params = [p for p in params if p.dtype == torch.bfloat16]
-        rest = [p for p in params if p.dtype != torch.bfloat16]
-        if not all(p.is_contiguous() for p in self.params):
+        super().__init__(list(params), _adamw_defaults(lr, betas, eps, weight_decay))
+        if len(self.param_groups) != 1:
+            raise ValueError("MainWeightsAdamW takes one group of parameters")
+        trainable = [p for p in self.param_groups[0]["params"] if p.requires_grad]
+        if not trainable:
+            raise ValueError("MainWeightsAdamW got no trainable parameters")
+        self.bf16 = [p for p in trainable if p.dtype == torch.bfloat16]
+        if not all(p.is_contiguous() for p in self.bf16):
             raise ValueError("MainWeightsAdamW updates each bf16 weight as one flat view: make "
                              "the parameters contiguous (not channels_last)")
-        cuda = bool(params) and params[0].is_cuda
-        self.rest = (torch.optim.AdamW(rest, lr=lr, betas=betas, eps=eps,
-                                       weight_decay=weight_decay, fused=cuda or None)
-                     if rest else None)
-        device = params[0].device if params else torch.device("cpu")
-        self.mains = [p.detach().float().clone() for p in self.params]
-        self.exp_avgs = [torch.zeros_like(m) for m in self.mains]
-        self.exp_avg_sqs = [torch.zeros_like(m) for m in self.mains]
-        self.beta1, self.beta2 = betas
-        self._lr = torch.tensor(float(lr), device=device)
+        device = trainable[0].device
         self._step = torch.zeros((), device=device)
-        self._update = _update_fn(device.type, self.beta1, self.beta2, eps, weight_decay,
-                                  dynamic)
+        self._lr, self._lr_value = torch.tensor(float(lr), device=device), float(lr)
+        self._found_inf = torch.zeros((), device=device)
+        for p in trainable:  # AdamW's own layout (fused: a float32 step on the device)
+            self.state[p] = {"step": self._step if p.dtype == torch.bfloat16
+                             else torch.zeros((), device=device),
+                             "exp_avg": torch.zeros(p.shape, device=device),
+                             "exp_avg_sq": torch.zeros(p.shape, device=device)}
+            if p.dtype == torch.bfloat16:
+                self.state[p]["main"] = p.detach().float().clone()
+        fp32 = [p for p in trainable if p.dtype != torch.bfloat16]
+        self.rest = (torch.optim.AdamW(fp32, lr=lr, betas=betas, eps=eps,
+                                       weight_decay=weight_decay, fused=True) if fp32 else None)
+        for p in fp32:
+            self.rest.state[p] = self.state[p]  # one state, so one checkpoint holds it
+        self._update = _update_fn(device.type, *betas, eps, weight_decay, dynamic)
         self.graphs: dict[tuple[int, ...], torch.cuda.CUDAGraph] = {}
         self._last_key: tuple[int, ...] | None = None
         self._repeats = 0
 
     @property
-    def lr(self) -> float:
-        return float(self._lr)
+    def mains(self) -> list[torch.Tensor]:
+        return [self.state[p]["main"] for p in self.bf16]
 
-    @lr.setter
-    def lr(self, value: float) -> None:
-        self._lr.fill_(value)
+    @torch.no_grad()
+    def step(self, closure: None = None) -> None:
+        group = self.param_groups[0]
+        if group["lr"] != self._lr_value:
+            self._lr.fill_(group["lr"])
+            self._lr_value = group["lr"]
+        found_inf = getattr(self, "found_inf", None)
         if self.rest is not None:
-            for group in self.rest.param_groups:
-                group["lr"] = value
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        if self.rest is not None:
-            self.rest.zero_grad(set_to_none=set_to_none)
-        for p in self.params:
-            if set_to_none:
-                p.grad = None
-            elif p.grad is not None:
-                p.grad.zero_()
-
-    def step(self) -> None:
-        if self.rest is not None:
+            self.rest.param_groups[0]["lr"] = group["lr"]
+            self.rest.found_inf = found_inf
             self.rest.step()
-        if not self.params:
+        if not self.bf16:
             return
-        key = tuple(p.grad.data_ptr() if p.grad is not None else 0 for p in self.params)
+        if found_inf is not None:
+            self._found_inf.copy_(found_inf)
+        self._bf16_step_once()
+
+    def _bf16_step_once(self) -> None:
+        """Replayed from a CUDA graph once the gradients sat at the same addresses
+        STEPS_BEFORE_CAPTURE steps running; eagerly until then."""
+        key = tuple(p.grad.data_ptr() if p.grad is not None else 0 for p in self.bf16)
         graph = self.graphs.get(key)
         if graph is not None:
             graph.replay()
@@ -167,11 +213,32 @@ class MainWeightsAdamW:
         graph.replay()  # capture records the step without running it
 
     def _bf16_step(self) -> None:
-        self._step += 1
-        step_size = self._lr / (1 - torch.pow(self.beta1, self._step))
-        bias2_sqrt = torch.sqrt(1 - torch.pow(self.beta2, self._step))
-        for p, main, m, v in zip(self.params, self.mains, self.exp_avgs, self.exp_avg_sqs,
-                                 strict=True):
-            if p.grad is not None:
-                self._update(main.view(-1), p.grad.view(-1), m.view(-1), v.view(-1),
-                             p.data.view(-1), self._lr, step_size, bias2_sqrt)
+        beta1, beta2 = self.param_groups[0]["betas"]
+        self._step += 1 - self._found_inf
+        step_size = self._lr / (1 - torch.pow(beta1, self._step))
+        bias2_sqrt = torch.sqrt(1 - torch.pow(beta2, self._step))
+        for p in self.bf16:
+            if p.grad is None:
+                continue
+            state = self.state[p]
+            self._update(state["main"].view(-1), p.grad.view(-1), state["exp_avg"].view(-1),
+                         state["exp_avg_sq"].view(-1), p.data.view(-1), self._lr, step_size,
+                         bias2_sqrt, self._found_inf)
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Copy a saved state into the live tensors (captured steps read them), refusing one
+        saved with other weights' precision (an fp32 run's has no `main`)."""
+        saved_groups, saved = state_dict["param_groups"], state_dict["state"]
+        params = self.param_groups[0]["params"]
+        if len(saved_groups) != 1 or len(saved_groups[0]["params"]) != len(params):
+            raise ValueError("the saved optimizer state is for other parameters")
+        for p, index in zip(params, saved_groups[0]["params"], strict=True):
+            values = saved.get(index, {})
+            if values and set(values) != set(self.state[p]):
+                raise ValueError(f"the saved optimizer state holds {sorted(values)} for a "
+                                 f"parameter whose state here is {sorted(self.state[p])}: it "
+                                 "was saved with the other weights' precision (bf16_weights)")
+            for key, value in values.items():
+                self.state[p][key].copy_(value)
+        for key in ("lr", "betas", "eps", "weight_decay"):
+            self.param_groups[0][key] = saved_groups[0][key]

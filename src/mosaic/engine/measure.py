@@ -36,7 +36,11 @@ import torch.distributed as dist
 from torch import nn
 
 from mosaic.engine.compile import CompileReport, compile_fn, compile_modules
-from mosaic.engine.main_weights import MainWeightsAdamW, cast_weights_bf16
+from mosaic.engine.main_weights import (
+    MainWeightsAdamW,
+    bf16_weights_refusal,
+    cast_weights_bf16,
+)
 from mosaic.engine.session import (
     Dist,
     EngineConfig,
@@ -400,18 +404,10 @@ def _own_contender(label: str, plan: Plan, model, preset: str, graph: MMGraph, d
 
 
 def _check_bf16_weights(label: str, plan: Plan, d: Dist, engine: EngineConfig) -> None:
-    """bf16 weights need CUDA's autocast (a bf16 GEMM weight meets fp32 activations), and
-    are measured on one GPU so far: nothing reduces or shards their bf16 gradients yet."""
-    if d.device.type != "cuda":
-        raise BenchError(f"{label!r}: bf16_weights=true needs a GPU (bf16 autocast runs there "
-                         "only); drop the variant on CPU")
-    if _reshapes(plan) or synchronises_gradients(plan):
-        raise BenchError(f"{label!r}: bf16_weights=true runs plans without data-parallel, "
-                         "sharded or tensor-parallel modules so far; drop the variant for "
-                         "this plan or measure it on one GPU")
-    if engine.accumulation > 1:
-        raise BenchError(f"{label!r}: bf16_weights=true would add micro-steps' gradients in "
-                         "bf16; drop --accumulation or the variant")
+    refusal = bf16_weights_refusal(plan, cuda=d.device.type == "cuda", amp=engine.amp,
+                                   accumulation=engine.accumulation)
+    if refusal:
+        raise BenchError(f"{label!r}: {refusal}")
 
 
 def _add_user_programs(s: _Setup, config: BenchConfig) -> None:

@@ -64,7 +64,7 @@ class RunnerConfig:
     graphs: bool = False
     """Replay each module's forward and backward as CUDA graphs (GPU only) after one eager step."""
     amp: bool | None = None
-    """bf16 autocast; None: on for CUDA, off on CPU."""
+    """bf16 autocast; None: on for CUDA, off on CPU (True: on there too)."""
     timeline: bool = False
     """Record start/end of every module's forward and backward (for the Gantt chart)."""
     grad_sync: str = "flat"
@@ -149,18 +149,19 @@ class _StepState:
 
 
 class _Autocast(nn.Module):
-    """The module under bf16 autocast; graphed as a whole, so eager and graphs run one code.
-    The autocast cache must be off for CUDA-graph capture."""
+    """The module under bf16 autocast (on CPU too when asked: amp=True); graphed as a whole,
+    so eager and graphs run one code. The autocast cache must be off for CUDA-graph capture."""
 
-    def __init__(self, inner: nn.Module, enabled: bool) -> None:
+    def __init__(self, inner: nn.Module, enabled: bool, device_type: str = "cuda") -> None:
         super().__init__()
         self.inner = inner
         self.enabled = enabled
+        self.device_type = device_type
 
     def forward(self, *args: torch.Tensor) -> Any:
         if not self.enabled:
             return self.inner(*args)
-        with torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=False):
+        with torch.autocast(self.device_type, dtype=torch.bfloat16, cache_enabled=False):
             return self.inner(*args)
 
 
@@ -213,7 +214,7 @@ class PlanRunner:
         views = views or {}
         self._callables: dict[str, list[Any]] = {
             m: [_Autocast(self.modules[m] if m in self.sharded else views.get(m, self.modules[m]),
-                          amp) for _ in range(self.micro_batches)]
+                          amp, "cuda" if self.cuda else "cpu") for _ in range(self.micro_batches)]
             for m in self.local}
         self._ddp: dict[str, nn.Module] = {}
         self._flat: dict[str, FlatGrads] = {}

@@ -38,6 +38,7 @@ from mosaic.engine.checkpoint import (
 )
 from mosaic.engine.comm import CommError, check_world_size, share_from_rank0
 from mosaic.engine.compile import compile_modules
+from mosaic.engine.main_weights import MainWeightsAdamW, bf16_weights_refusal, cast_weights_bf16
 from mosaic.engine.rows import RowPrefetcher, RowsOnDevice
 from mosaic.engine.runner import StepOutput
 from mosaic.engine.session import (
@@ -172,10 +173,9 @@ class TrainConfig:
             raise TrainError("engine.optimizer_overlap is measured by `mosaic bench "
                              "--engine-variant optimizer_overlap=true` only so far; training "
                              "steps one optimizer after the backward (leave it False)")
-        if self.engine.bf16_weights:
-            raise TrainError("engine.bf16_weights is measured by `mosaic bench "
-                             "--engine-variant bf16_weights=true` only so far; training keeps "
-                             "fp32 weights under autocast (leave it False)")
+        if self.engine.bf16_weights and self.optimizer != "adamw":
+            raise TrainError(f"engine.bf16_weights keeps fp32 main weights in AdamW; "
+                             f"optimizer={self.optimizer!r} has none (use adamw)")
         if self.lr <= 0:
             raise TrainError(f"lr={self.lr} must be > 0")
         if self.device not in (None, "cpu", "cuda"):
@@ -291,16 +291,25 @@ def train(config: TrainConfig, model: TrainableModel | None = None) -> TrainResu
 
 def _build(config: TrainConfig, model: TrainableModel, graph: MMGraph, plan: Plan, d: Dist):
     gpu = make_cluster(plan.num_gpus, config.hardware).gpu
+    bf16 = config.engine.bf16_weights
+    if bf16 and (refusal := bf16_weights_refusal(
+            plan, cuda=d.device.type == "cuda", amp=config.engine.amp,
+            accumulation=config.engine.accumulation)):
+        raise TrainError(refusal)
     modules = build_modules(model, config.preset, local_modules(plan, d.rank), config.seed,
                             d.device)
+    if bf16:  # before compiling: the kernels are built for the weights' dtype
+        cast_weights_bf16(modules.values())
     views, compiled = compile_modules(modules, config.engine.compile,
                                       scope=config.engine.compile_scope)
     session = RankSession.create(plan, graph, modules, d, gpu, config.engine, views=views)
     for name in session.runner.sharded:
         compiled.mark_eager(name, "sharded states (FSDP2) run the plain module")
     params = session.parameters()
-    optimizer = (make_optimizer(config.optimizer, params, config.lr, config.weight_decay)
-                 if params else None)  # a GPU may hold no module at all
+    if not params:  # a GPU may hold no module at all
+        return session, None, compiled
+    optimizer = (MainWeightsAdamW(params, config.lr, weight_decay=config.weight_decay) if bf16
+                 else make_optimizer(config.optimizer, params, config.lr, config.weight_decay))
     return session, optimizer, compiled
 
 
