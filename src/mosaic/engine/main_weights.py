@@ -166,10 +166,19 @@ class MainWeightsAdamW(torch.optim.Optimizer):
                                        weight_decay=weight_decay, fused=True) if fp32 else None)
         for p in fp32:
             self.rest.state[p] = self.state[p]  # one state, so one checkpoint holds it
-        self._update = _update_fn(device.type, *betas, eps, weight_decay, dynamic)
+        self._dynamic, self._told_found_inf = dynamic, False
         self.graphs: dict[tuple[int, ...], torch.cuda.CUDAGraph] = {}
+        self._bind_update()
         self._last_key: tuple[int, ...] | None = None
         self._repeats = 0
+
+    def _bind_update(self) -> None:
+        """The update kernel for the group's hyperparameters (bound into it; steps captured
+        with another kernel are dropped)."""
+        group = self.param_groups[0]
+        self._update = _update_fn(self._step.device.type, *group["betas"], group["eps"],
+                                  group["weight_decay"], self._dynamic)
+        self.graphs = {}
 
     @property
     def mains(self) -> list[torch.Tensor]:
@@ -190,6 +199,9 @@ class MainWeightsAdamW(torch.optim.Optimizer):
             return
         if found_inf is not None:
             self._found_inf.copy_(found_inf)
+        elif self._told_found_inf:  # told before, not now: nothing to skip
+            self._found_inf.zero_()
+        self._told_found_inf = found_inf is not None
         self._bf16_step_once()
 
     def _bf16_step_once(self) -> None:
@@ -242,3 +254,6 @@ class MainWeightsAdamW(torch.optim.Optimizer):
                 self.state[p][key].copy_(value)
         for key in ("lr", "betas", "eps", "weight_decay"):
             self.param_groups[0][key] = saved_groups[0][key]
+            if self.rest is not None:
+                self.rest.param_groups[0][key] = saved_groups[0][key]
+        self._bind_update()
