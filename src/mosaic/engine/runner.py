@@ -214,7 +214,7 @@ class PlanRunner:
         views = views or {}
         self._callables: dict[str, list[Any]] = {
             m: [_Autocast(self.modules[m] if m in self.sharded else views.get(m, self.modules[m]),
-                          amp, "cuda" if self.cuda else "cpu") for _ in range(self.micro_batches)]
+                          amp, self.device.type) for _ in range(self.micro_batches)]
             for m in self.local}
         self._ddp: dict[str, nn.Module] = {}
         self._flat: dict[str, FlatGrads] = {}
