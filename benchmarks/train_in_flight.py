@@ -54,13 +54,17 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--guard-variants", action="store_true",
                         help="also in flight with the NaN guard held at 'norms' and at 'check' "
                         "(the trainer picks one after five steps; this times both)")
+    parser.add_argument("--bf16-weights", action="store_true",
+                        help="also in flight with bf16 weights and fp32 main weights "
+                        "(`mosaic train --bf16-weights`), alternating with the fp32 runs")
     return parser.parse_args()
 
 
 def run_config(args: argparse.Namespace, plan, read_each_step: bool, cuda: bool,
-               trace_dir: Path | None = None) -> TrainConfig:
+               trace_dir: Path | None = None, bf16_weights: bool = False) -> TrainConfig:
     engine = EngineConfig(graphs=cuda, compile="default" if cuda else None,
-                          compile_scope=args.compile_scope)
+                          compile_scope=args.compile_scope, bf16_weights=bf16_weights,
+                          amp=True if bf16_weights and not cuda else None)
     return TrainConfig(model=args.model, preset=args.preset, plan=plan, steps=args.steps,
                        warmup_steps=args.warmup, global_batch=args.batch, engine=engine,
                        progress=False, read_each_step=read_each_step,
@@ -127,6 +131,19 @@ def guard_variants(args: argparse.Namespace, plan, cuda: bool) -> dict[str, floa
     return out
 
 
+def bf16_weights_runs(args: argparse.Namespace, plan, cuda: bool) -> list[dict]:
+    """In flight with bf16 weights, `rounds` times: the trained step without autocast's
+    weight casts, against the fp32 runs of the same process."""
+    runs = []
+    for r in range(args.rounds):
+        summary = train(run_config(args, plan, False, cuda, bf16_weights=True)).summary
+        runs.append({"round": r, "step_time_median_s": summary["step_time_median_s"],
+                     "final_loss": summary["final_loss"]})
+        print(f"round {r} {'bf16 weights':>15}: {summary['step_time_median_s'] * 1e3:8.2f} ms "
+              f"(loss {summary['final_loss']:.4f})", flush=True)
+    return runs
+
+
 def main() -> None:
     args = arguments()
     cuda = torch.cuda.is_available()
@@ -171,6 +188,12 @@ def main() -> None:
         result["in_flight_row_variants_s"] = row_variants(args, plan, cuda)
     if args.guard_variants:
         result["in_flight_guard_variants_s"] = guard_variants(args, plan, cuda)
+    if args.bf16_weights:
+        result["in_flight_bf16_weights_runs"] = bf16_weights_runs(args, plan, cuda)
+        result["in_flight_bf16_weights_median_s"] = statistics.median(
+            x["step_time_median_s"] for x in result["in_flight_bf16_weights_runs"])
+        result["mfu_bf16_weights"] = graph.total_flops() / (
+            peak * result["in_flight_bf16_weights_median_s"])
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=2))

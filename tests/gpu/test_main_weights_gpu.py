@@ -53,6 +53,18 @@ def test_the_captured_compiled_step_updates_as_the_eager_one():
         torch.testing.assert_close(weight, main.to(weight.dtype), rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), None])
+def test_the_one_kernel_guard_checks_bf16_gradients_on_the_gpu(bad):
+    """torch's AMP check has no CUDA kernel for bf16: the trainer's host-bound guard must
+    still find a bad bf16 gradient (and pass a good one) next to fp32 ones."""
+    from mosaic.engine.steps import _not_finite
+
+    grads = [torch.randn(300, device="cuda"), torch.randn(64, 64, device="cuda").bfloat16()]
+    if bad is not None:
+        grads[1][5, 7] = bad
+    assert float(_not_finite(grads, "check")) == float(bad is not None)
+
+
 def test_a_plan_with_bf16_weights_computes_what_the_fp32_user_program_does():
     model = get_model("clip")
     graph = model.graph("small", global_batch=32)

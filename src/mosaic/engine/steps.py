@@ -137,10 +137,27 @@ def _not_finite(grads: list[torch.Tensor], guard: str) -> torch.Tensor:
     """1.0 when some element of `grads` is NaN/inf (with 'norms' also when their norm
     overflows fp32: as unusable), else 0.0; on their device."""
     if guard == "check":
-        found = torch.zeros((), device=grads[0].device)
-        torch._amp_foreach_non_finite_check_and_unscale_(grads, found, torch.ones_like(found))
-        return found
+        return _some_element_not_finite(grads)
     return (~torch.isfinite(torch.stack(torch._foreach_norm(grads)).float().sum())).float()
+
+
+AMP_CHECKED = (torch.float32, torch.float16)
+"""Dtypes torch's AMP check has a CUDA kernel for (bf16 gradients of bf16 weights have none)."""
+
+
+def _some_element_not_finite(grads: list[torch.Tensor]) -> torch.Tensor:
+    """1.0 when some element is NaN/inf, in one multi-tensor kernel per kind: torch's AMP
+    check for fp32/fp16 gradients, the largest magnitude for the others (a max cannot
+    overflow, so a large finite gradient passes as it does the AMP check)."""
+    found = torch.zeros((), device=grads[0].device)
+    checked = [g for g in grads if g.dtype in AMP_CHECKED]
+    others = [g for g in grads if g.dtype not in AMP_CHECKED]
+    if checked:
+        torch._amp_foreach_non_finite_check_and_unscale_(checked, found, torch.ones_like(found))
+    if others:
+        largest = torch.stack(torch._foreach_norm(others, float("inf"))).float()
+        found = torch.maximum(found, (~torch.isfinite(largest)).any().float())
+    return found
 
 
 def launch_step(session: Any, optimizer: torch.optim.Optimizer | None, rows: list[dict],
