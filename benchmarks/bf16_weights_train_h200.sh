@@ -17,7 +17,7 @@ echo "gpu tests rc=$?"; grep -E "passed|failed|Error|fp32 weights:" "$OUT/gpu_te
 timeout 100 python benchmarks/train_in_flight.py clip --preset small --batch 32 --steps 40 \
   --rounds 1 --bf16-weights --out "$OUT/train_bf16_weights_clip_small_b32.json" > /tmp/logs/clip.log 2>&1
 echo "clip rc=$?"; grep -E "^round|ms:" /tmp/logs/clip.log
-timeout 330 python benchmarks/train_in_flight.py ofasys --preset paper --batch 8 \
+timeout 280 python benchmarks/train_in_flight.py ofasys --preset paper --batch 8 \
   --compile-scope blocks --steps 30 --rounds 1 --bf16-weights \
   --out "$OUT/train_bf16_weights_ofasys_paper_b8.json" > /tmp/logs/ofasys.log 2>&1
 echo "ofasys rc=$?"; grep -E "^round|ms:" /tmp/logs/ofasys.log
