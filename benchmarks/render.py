@@ -682,9 +682,14 @@ def train_in_flight(results: Path, arg: str | None) -> str:
         if "median_step_s" not in report:
             continue
         medians = report["median_step_s"]
-        variants = "; ".join(f"{k} {v * 1e3:.2f} ms" for k, v in
-                             (report.get("in_flight_row_variants_s", {})
-                              | report.get("in_flight_guard_variants_s", {})).items()) or "–"
+        others = (report.get("in_flight_row_variants_s", {})
+                  | report.get("in_flight_guard_variants_s", {}))
+        if "in_flight_bf16_weights_median_s" in report:
+            others["bf16 weights"] = report["in_flight_bf16_weights_median_s"]
+        variants = "; ".join(f"{k} {v * 1e3:.2f} ms" for k, v in others.items()) or "–"
+        if "mfu_bf16_weights" in report:
+            variants += (f" ({medians['in flight'] / others['bf16 weights']:.3f}x, MFU "
+                         f"{report['mfu_bf16_weights']:.1%})")
         rows.append([str(path.relative_to(results / arg)), report["model"], report["preset"],
                      str(report["batch"]), report["compile_scope"], str(len(report["runs"]) // 2),
                      _row_drawing(report), _host_rows(report),
@@ -694,7 +699,7 @@ def train_in_flight(results: Path, arg: str | None) -> str:
     return table(["file", "model", "preset", "batch", "compile scope", "rounds",
                   "rows drawn by", "one step's rows on one thread, ms", "read each step, ms",
                   "in flight, ms", "in flight vs read each", "MFU in flight (of 989 TF/s)",
-                  "in flight, other row drawing or NaN guard"], rows)
+                  "in flight, other row drawing, NaN guard or bf16 weights"], rows)
 
 
 @renderer("guard-host-cost")

@@ -150,6 +150,21 @@ def test_engine_variants_are_parsed_checked_and_labelled():
         parse_variant("bucketed")
 
 
+def test_a_variant_plans_timeline_files_have_portable_names(tmp_path):
+    from mosaic.report.bench_report import write_bench_timelines
+
+    model = get_model("clip")
+    graph = model.graph("tiny")
+    plans = {"megatron@bucket_view=true": _plans(graph)["megatron"]}
+    config = BenchConfig(rounds=1, steps_per_round=1, warmup_steps=0, nvml_seconds=0,
+                         user_programs=())
+    engines = {"megatron@bucket_view=true": replace(config.engine, bucket_view=True)}
+    measurements, _ = measure_plans(model, "tiny", graph, plans, H200, config, engines)
+    write_bench_timelines({"model": "clip", "preset": "tiny"}, measurements, tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "megatron_bucket_view_true.png", "megatron_bucket_view_true.trace.json"]
+
+
 def test_a_plan_under_another_engine_is_measured_apart_from_itself():
     from mosaic.engine.session import EngineConfig
     from mosaic.perf.engine_term import engine_kind, row_engine

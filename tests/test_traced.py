@@ -145,6 +145,21 @@ def test_whole_step_savings_are_realised_at_the_preset_and_at_4x_batches():
     assert all(r["planner"] != "megatron" for r in rows)  # one by one: nothing to save
 
 
+def test_a_variant_plans_saving_is_measured_against_the_one_by_one_plan_of_its_engine():
+    """OFASys `small` b32 with bf16 weights (2026-12-02): mosaic's bf16 plan against megatron's
+    bf16 plan, not the fp32 one, which would count the casts saved as colocation."""
+    from mosaic.perf.traced import colocation_savings
+
+    path = "benchmarks/results/bf16-weights-rows-h200/bench_ofasys_small_1gpu_b32_bf16_weights.json"
+    rows = {r["planner"]: r for r in colocation_savings([path], Repredictor())}
+    measured = {r["planner"]: r["measured_iteration_s"] for r in json.loads(
+        Path(path).read_text())["results"]}
+    assert rows["mosaic@bf16_weights=true"]["measured_saving_s"] == pytest.approx(
+        measured["megatron@bf16_weights=true"] - measured["mosaic@bf16_weights=true"])
+    assert rows["mosaic"]["measured_saving_s"] == pytest.approx(
+        measured["megatron"] - measured["mosaic"])
+
+
 def test_a_module_the_engine_ran_far_from_its_surface_is_called_stale_with_the_command():
     from mosaic.perf.traced import suspect_surfaces
 

@@ -11,12 +11,20 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import secrets
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 from mosaic.errors import MosaicError
+
+
+def portable_stem(label: str) -> str:
+    """`label` (a plan's, say `megatron@bucket_view=true`) as a portable file name: characters
+    other than letters, digits, `.`, `_` and `-` become `_` (`@` and `=` do not survive every
+    copy tool or file system)."""
+    return re.sub(r"[^A-Za-z0-9._-]", "_", label)
 
 
 class OutputError(MosaicError):

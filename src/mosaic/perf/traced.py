@@ -30,6 +30,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from mosaic.files import portable_stem
 from mosaic.perf.engine_term import sequential_plan
 from mosaic.perf.profiled import SURFACE_DRIFT, remeasure_command
 from mosaic.perf.results import bench_result_files, load_bench_result, superseded
@@ -48,10 +49,11 @@ microseconds (CLIP's head 3 us into its encoders' forward, 2026-12-02)."""
 
 def traced_events(path: Path, row: dict[str, Any]) -> list[dict[str, Any]]:
     """The row's traced step: from the results (`traced_step`), else from the Chrome trace
-    `mosaic bench --out` wrote beside them (`<results stem>/<planner>.trace.json`)."""
+    `mosaic bench --out` wrote beside them (`<results stem>/<planner>.trace.json`, the
+    planner's label as a portable file name)."""
     if row.get("traced_step"):
         return list(row["traced_step"])
-    trace = path.with_suffix("") / f"{row.get('planner')}.trace.json"
+    trace = path.with_suffix("") / f"{portable_stem(str(row.get('planner')))}.trace.json"
     if not trace.is_file():
         return []
     try:
@@ -193,6 +195,14 @@ def suspect_surfaces(rows: Iterable[dict[str, Any]],
             for (model, preset, module, kernels), r in found.items()]
 
 
+def _same_engine(planner: str, label: str) -> str:
+    """`planner`'s row under the engine variant of the row labelled `label`
+    (`mosaic@bf16_weights=true` -> `megatron@bf16_weights=true`): a variant's saving is
+    measured against the one-by-one plan of the same engine, not of the base engine."""
+    _, at, variant = label.partition("@")
+    return planner + at + variant
+
+
 def colocation_savings(paths: str | Path | Iterable[str | Path], repredict: Any
                        ) -> list[dict[str, Any]]:
     """Whole steps, no trace needed: every one-GPU plan that colocates, its composed saving
@@ -206,14 +216,15 @@ def colocation_savings(paths: str | Path | Iterable[str | Path], repredict: Any
         report = load_bench_result(path) or {}
         measured = {r["planner"]: r["measured_iteration_s"] for r in report.get("results", [])
                     if r.get("measured_iteration_s")}
-        if report.get("gpus") != 1 or SEQUENTIAL_PLANNER not in measured:
+        if report.get("gpus") != 1:
             continue
         for row in report["results"]:
+            one_by_one = measured.get(_same_engine(SEQUENTIAL_PLANNER, row["planner"]))
             plan = repredict.predict(report, row, engine_term=False)
             alone = repredict.predict(report, row, engine_term=False, sequential=True)
-            if plan is None or alone is None or alone - plan <= 1e-4:
+            if one_by_one is None or plan is None or alone is None or alone - plan <= 1e-4:
                 continue
-            saving = measured[SEQUENTIAL_PLANNER] - row["measured_iteration_s"]
+            saving = one_by_one - row["measured_iteration_s"]
             rows.append({"file": name, "model": report.get("model"),
                          "preset": report.get("preset"), "global_batch": report.get("global_batch"),
                          "planner": row["planner"], "predicted_saving_s": alone - plan,

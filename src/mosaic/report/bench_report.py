@@ -9,7 +9,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from mosaic.files import write_text_atomic
+from mosaic.files import portable_stem, write_text_atomic
 from mosaic.report.timeline import TimelineEvent, plot_timeline, write_chrome_trace
 
 
@@ -48,10 +48,11 @@ def write_bench_timelines(report: dict, measurements, out: Path) -> None:
     for m in measurements:
         if m.timeline:
             events = measured_events(m.timeline)
-            plot_timeline(events, Path(out) / f"{m.label}.png",
+            stem = portable_stem(m.label)
+            plot_timeline(events, Path(out) / f"{stem}.png",
                           f"{report['model']} ({report['preset']}), {m.label}: one measured step, "
                           f"{m.median_s * 1e3:.1f} ms median")
-            write_chrome_trace(events, Path(out) / f"{m.label}.trace.json")
+            write_chrome_trace(events, Path(out) / f"{stem}.trace.json")
 
 
 def print_bench_table(report: dict) -> None:
