@@ -216,3 +216,107 @@ def test_a_bf16_run_refuses_an_fp32_runs_checkpoint(tmp_path, monkeypatch):
     with pytest.raises((TrainError, CheckpointError), match="saved with fp32 weights"):
         train(TrainConfig(steps=4, resume=True, engine=EngineConfig(amp=True, bf16_weights=True),
                           **common), model=model)
+
+
+def _replicated_plan(model: str, modules: list[str]):
+    from mosaic.plan import Placement, Plan, Stage
+
+    return Plan(model=model, planner="manual", num_gpus=2, stages=tuple(
+        Stage(sharing="temporal", placements=(Placement(module=m, gpus=(0, 1)),))
+        for m in modules))
+
+
+def test_data_parallel_bf16_weights_are_refused_unless_reduced_in_bf16_by_name():
+    from mosaic.engine.main_weights import bf16_weights_refusal
+
+    plan = _replicated_plan("toyclip", ["vision", "text", "head"])
+    sharded = replace(plan, stages=tuple(
+        replace(s, placements=tuple(replace(p, shard=True) for p in s.placements))
+        for s in plan.stages))
+    common = dict(cuda=True, amp=None, accumulation=1)
+    assert "reduce_dtype='bf16'" in bf16_weights_refusal(plan, **common)
+    assert "grad_sync 'flat' or 'ddp'" in bf16_weights_refusal(
+        plan, reduce_dtype="bf16", grad_sync="bucketed", **common)
+    assert "sharded" in bf16_weights_refusal(sharded, reduce_dtype="bf16", **common)
+    for grad_sync in ("flat", "ddp"):
+        assert bf16_weights_refusal(plan, reduce_dtype="bf16", grad_sync=grad_sync,
+                                    **common) is None
+
+
+DP_STEPS, DP_SAVE_AT = 4, 2
+
+
+def _data_parallel_worker(rank: int, world: int, out: str, grad_sync: str) -> None:
+    """Trains toyclip replicated on both ranks with bf16 weights (4 steps), then 2 steps with
+    a checkpoint and a resume to 4; writes this rank's weights, main weights and losses."""
+    import json
+    import os
+    from pathlib import Path
+
+    import torch.distributed as dist
+    from safetensors.torch import save_file
+
+    from mosaic.engine import main_weights
+    from mosaic.engine.checkpoint import CheckpointConfig
+    from mosaic.engine.session import EngineConfig
+    from mosaic.engine.trainer import TrainConfig, train
+    from tests.test_engine import ToyModel, state_of
+
+    main_weights.MIN_ELEMENTS = 1  # the toy's weights are small
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", store=dist.FileStore(os.path.join(out, "store"), world),
+                            rank=rank, world_size=world)
+    model = ToyModel("toyclip")
+    engine = EngineConfig(amp=True, bf16_weights=True, reduce_dtype="bf16", grad_sync=grad_sync)
+    common = dict(device="cpu", model="toyclip", engine=engine, warmup_steps=0, lr=1e-2,
+                  progress=False, plan=_replicated_plan("toyclip", ["vision", "text", "head"]))
+    whole = train(TrainConfig(steps=DP_STEPS, **common), model=model)
+    ckpt = CheckpointConfig(directory=os.path.join(out, "ckpt"), every_steps=DP_SAVE_AT)
+    train(TrainConfig(steps=DP_SAVE_AT, checkpoint=ckpt, **common), model=model)
+    resumed = train(TrainConfig(steps=DP_STEPS, checkpoint=ckpt, resume=True, **common),
+                    model=model)
+    for tag, result in (("whole", whole), ("resumed", resumed)):
+        save_file(state_of(result.modules), str(Path(out) / f"{tag}-rank{rank}.safetensors"))
+        (Path(out) / f"{tag}-rank{rank}.json").write_text(
+            json.dumps([s["loss"] for s in result.steps]))
+    dist.destroy_process_group()
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("start_workers")  # see tests/test_engine_dist.py
+@pytest.mark.parametrize("grad_sync", ["flat", "ddp"])
+def test_data_parallel_bf16_weights_train_as_one_process_and_resume(tmp_path, monkeypatch,
+                                                                    grad_sync):
+    """Two gloo processes, every module replicated, bf16 weights with their gradients summed
+    in bf16: the replicas stay bitwise equal, the losses follow one process training the
+    whole batch with bf16 weights (they differ by the bf16 sum), and a run resumed from a
+    checkpoint continues the exact curve and weights (with DDP this needs the step before
+    DDP wraps the modules to sum in bf16 too: it summed in fp32, so a resumed run's first
+    step differed from the uninterrupted run's)."""
+    import json
+
+    from safetensors.torch import load_file
+
+    from mosaic.engine import main_weights
+    from mosaic.engine.session import EngineConfig
+    from mosaic.engine.trainer import TrainConfig, train
+    from tests.helpers import start_workers
+    from tests.test_engine import ToyModel, one_gpu_plans
+
+    start_workers(_data_parallel_worker, (2, str(tmp_path), grad_sync), nprocs=2)
+    states = {(tag, r): load_file(str(tmp_path / f"{tag}-rank{r}.safetensors"))
+              for tag in ("whole", "resumed") for r in (0, 1)}
+    losses = {(tag, r): json.loads((tmp_path / f"{tag}-rank{r}.json").read_text())
+              for tag in ("whole", "resumed") for r in (0, 1)}
+    whole = states["whole", 0]
+    assert any(t.dtype == torch.bfloat16 for t in whole.values())
+    for other in (states["whole", 1], states["resumed", 0], states["resumed", 1]):
+        assert other.keys() == whole.keys() and all(torch.equal(whole[k], other[k]) for k in whole)
+    assert losses["resumed", 0] == losses["whole", 0][DP_SAVE_AT:]
+    monkeypatch.setattr(main_weights, "MIN_ELEMENTS", 1)
+    model = ToyModel("toyclip")
+    one = train(TrainConfig(device="cpu", model="toyclip", steps=DP_STEPS, warmup_steps=0,
+                            lr=1e-2, progress=False, engine=EngineConfig(amp=True, bf16_weights=True),
+                            plan=one_gpu_plans(model.graph("tiny"))["temporal"]), model=model)
+    torch.testing.assert_close(losses["whole", 0], [s["loss"] for s in one.steps],
+                               rtol=2e-2, atol=0)

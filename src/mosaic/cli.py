@@ -431,7 +431,8 @@ def train(
     accumulation: Annotated[int, typer.Option(help="gradient-accumulation micro-steps per step")] = 1,
     bf16_weights: Annotated[bool, typer.Option(help="keep the GEMM weights in bf16 and fp32 main "
                                                "weights in AdamW (no autocast weight casts; "
-                                               "plans keeping each module on one GPU)")] = False,
+                                               "data-parallel plans need --reduce-dtype bf16; "
+                                               "not sharded or tensor-parallel ones)")] = False,
     checkpoint_dir: Annotated[Path | None, typer.Option(help="directory for atomic checkpoints (torch.distributed.checkpoint)")] = None,
     checkpoint_every: Annotated[int, typer.Option(help="checkpoint every K steps (and at the end); 0: only at the end")] = 0,
     checkpoint_background: Annotated[bool, typer.Option(help="write checkpoints in a background thread: a step waits only for the copy to host memory; a checkpoint counts once every rank wrote it")] = False,
@@ -665,8 +666,8 @@ def bench(
         "--engine-variant", help="also measure every data-parallel plan with these gradient-sync "
         "settings, in the same rounds (repeatable), e.g. grad_sync=bucketed or "
         "bucket_view=false,reduce_dtype=bf16, or every plan with grads_in_graph=false, "
-        "optimizer_overlap=true or bf16_weights=true (one GPU; bf16 GEMM weights, fp32 main "
-        "weights in the optimizer); "
+        "optimizer_overlap=true or bf16_weights=true (bf16 GEMM weights, fp32 main weights in "
+        "the optimizer; with reduce_dtype=bf16 where a plan is data-parallel); "
         "labelled PLAN@SETTINGS")] = None,
     plans_dir: Annotated[Path | None, typer.Option("--plans", help="measure the plan JSONs in this "
                                                    "directory (from `mosaic plan --out`) instead of planning")] = None,

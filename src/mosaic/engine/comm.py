@@ -312,8 +312,11 @@ class PlanComm:
         return torch.cat([by_rank[g] for g in gpus])
 
     def all_reduce_grads(self, params: Sequence[torch.nn.Parameter], gpus: Sequence[int],
-                         divide_by: int = 1) -> None:
-        """SUM-all-reduce the parameters' gradients over the GPU set's group, in buckets."""
+                         divide_by: int = 1, wire_dtype: torch.dtype | None = None) -> None:
+        """SUM-all-reduce the parameters' gradients over the GPU set's group, in buckets that
+        travel in `wire_dtype` (default: the gradients'), divided before the sum as FlatGrads
+        and the DDP hook do: the step before DDP wraps a module (runner.py) then sums exactly
+        as the DDP steps after it, so a run resumed from a checkpoint repeats its steps."""
         group = self.group(gpus)
         if group is None:
             return
@@ -325,9 +328,11 @@ class PlanComm:
                 grads.append(local_tensor(p.grad))  # a TP shard's: over its DP group
         for bucket in _buckets(grads):
             flat = torch.cat([g.reshape(-1) for g in bucket])
-            dist.all_reduce(flat, group=group)
+            if wire_dtype is not None and flat.dtype != wire_dtype:
+                flat = flat.to(wire_dtype)
             if divide_by != 1:
-                flat.div_(divide_by)
+                flat.div_(divide_by)  # sum of the shares = share of the sum; bf16 keeps its range
+            dist.all_reduce(flat, group=group)
             offset = 0
             for g in bucket:
                 g.copy_(flat[offset:offset + g.numel()].view_as(g))

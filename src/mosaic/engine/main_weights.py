@@ -63,17 +63,24 @@ def cast_weights_bf16(modules: Iterable[nn.Module],
     return list(cast.values())
 
 
-def bf16_weights_refusal(plan: Plan, *, cuda: bool, amp: bool | None,
-                         accumulation: int) -> str | None:
-    """Why the engine cannot run `plan` with bf16 weights, with the fix; None when it can."""
+def bf16_weights_refusal(plan: Plan, *, cuda: bool, amp: bool | None, accumulation: int,
+                         reduce_dtype: str = "fp32", grad_sync: str = "flat") -> str | None:
+    """Why the engine cannot run `plan` with bf16 weights, with the fix; None when it can.
+    A data-parallel module's bf16 gradients are summed in bf16 (one all-reduce of its bf16
+    buffer, as Megatron's `--grad-reduce-in-bf16` and FSDP's bf16 reduce_dtype do): asked for
+    by name, reduce_dtype='bf16', rather than implied."""
     if not (amp or (amp is None and cuda)):
         return ("bf16_weights needs bf16 autocast (a bf16 weight meets fp32 activations): on a "
                 "GPU leave amp unset, on the CPU set amp=True")
-    if any(p.dp_degree > 1 or p.shard or p.tensor_parallel > 1
-           for stage in plan.stages for p in stage.placements):
-        return ("bf16_weights runs plans without data-parallel, sharded or tensor-parallel "
-                "modules so far (their bf16 gradients would be reduced in bf16); use a plan "
-                "that keeps each module whole on one GPU, or fp32 weights")
+    placements = [p for stage in plan.stages for p in stage.placements]
+    if any(p.shard or p.tensor_parallel > 1 for p in placements):
+        return ("bf16_weights runs plans without sharded or tensor-parallel modules so far; use "
+                "a plan that keeps each module's weights whole on every GPU, or fp32 weights")
+    if any(p.dp_degree > 1 for p in placements) and (reduce_dtype != "bf16"
+                                                     or grad_sync == "bucketed"):
+        return ("bf16_weights sums a data-parallel module's bf16 gradients in bf16: set "
+                "reduce_dtype='bf16' (--reduce-dtype bf16) with grad_sync 'flat' or 'ddp', or "
+                "keep fp32 weights")
     if accumulation > 1:
         return ("bf16_weights would add the micro-steps' gradients in bf16; drop the "
                 "accumulation or the bf16 weights")

@@ -405,7 +405,8 @@ def _own_contender(label: str, plan: Plan, model, preset: str, graph: MMGraph, d
 
 def _check_bf16_weights(label: str, plan: Plan, d: Dist, engine: EngineConfig) -> None:
     refusal = bf16_weights_refusal(plan, cuda=d.device.type == "cuda", amp=engine.amp,
-                                   accumulation=engine.accumulation)
+                                   accumulation=engine.accumulation,
+                                   reduce_dtype=engine.reduce_dtype, grad_sync=engine.grad_sync)
     if refusal:
         raise BenchError(f"{label!r}: {refusal}")
 

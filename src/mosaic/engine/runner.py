@@ -494,7 +494,8 @@ class PlanRunner:
                 continue
             # FSDP reduce-scattered a sharded module's gradients, but for the whole scalars
             params = self._whole_params[m] if m in self.sharded else self.modules[m].parameters()
-            self.comm.all_reduce_grads(list(params), self._grad_group(m), divide_by=divide_by)
+            self.comm.all_reduce_grads(list(params), self._grad_group(m), divide_by=divide_by,
+                                       wire_dtype=REDUCE_DTYPES[self.config.reduce_dtype])
 
     def _grads_final_at_backward(self, m: str) -> bool:
         """Whether module m's gradients are final when its backward ends (no all-reduce, DDP,

@@ -71,7 +71,8 @@ class EngineConfig:
     """Weights of the GEMMs stored in bf16, fp32 main weights in the optimizer, which writes
     the bf16 weights as it updates (engine/main_weights.py): no autocast weight casts.
     Measured on one H200 at 1.04-1.21x (`mosaic bench --engine-variant bf16_weights=true`).
-    Plans that keep each module whole on one GPU, without accumulation (main_weights.py)."""
+    Not sharded or tensor-parallel plans, nor accumulation; data-parallel modules need
+    reduce_dtype='bf16' (their bf16 gradients are summed in bf16; main_weights.py)."""
     grads_in_graph: bool = True
     """With graphs: each backward graph accumulates its module's parameter gradients itself
     (no per-parameter host work; engine/graphed.py), except where DDP synchronises them."""

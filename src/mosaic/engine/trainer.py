@@ -294,7 +294,8 @@ def _build(config: TrainConfig, model: TrainableModel, graph: MMGraph, plan: Pla
     bf16 = config.engine.bf16_weights
     if bf16 and (refusal := bf16_weights_refusal(
             plan, cuda=d.device.type == "cuda", amp=config.engine.amp,
-            accumulation=config.engine.accumulation)):
+            accumulation=config.engine.accumulation, reduce_dtype=config.engine.reduce_dtype,
+            grad_sync=config.engine.grad_sync)):
         raise TrainError(refusal)
     modules = build_modules(model, config.preset, local_modules(plan, d.rank), config.seed,
                             d.device)
