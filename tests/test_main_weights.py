@@ -246,9 +246,11 @@ def test_data_parallel_bf16_weights_are_refused_unless_reduced_in_bf16_by_name()
 DP_STEPS, DP_SAVE_AT = 4, 2
 
 
-def _data_parallel_worker(rank: int, world: int, out: str, grad_sync: str) -> None:
+def _data_parallel_worker(rank: int, world: int, out: str, grad_sync: str,
+                          device: str = "cpu") -> None:
     """Trains toyclip replicated on both ranks with bf16 weights (4 steps), then 2 steps with
-    a checkpoint and a resume to 4; writes this rank's weights, main weights and losses."""
+    a checkpoint and a resume to 4; writes this rank's weights and losses. On CUDA over NCCL,
+    graphed and compiled."""
     import json
     import os
     from pathlib import Path
@@ -264,11 +266,18 @@ def _data_parallel_worker(rank: int, world: int, out: str, grad_sync: str) -> No
 
     main_weights.MIN_ELEMENTS = 1  # the toy's weights are small
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", store=dist.FileStore(os.path.join(out, "store"), world),
-                            rank=rank, world_size=world)
+    store = dist.FileStore(os.path.join(out, "store"), world)
+    if device == "cuda":
+        torch.cuda.set_device(rank)
+        dist.init_process_group("nccl", store=store, rank=rank, world_size=world,
+                                device_id=torch.device("cuda", rank))
+    else:
+        dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
     model = ToyModel("toyclip")
-    engine = EngineConfig(amp=True, bf16_weights=True, reduce_dtype="bf16", grad_sync=grad_sync)
-    common = dict(device="cpu", model="toyclip", engine=engine, warmup_steps=0, lr=1e-2,
+    cuda = device == "cuda"
+    engine = EngineConfig(amp=True, bf16_weights=True, reduce_dtype="bf16", grad_sync=grad_sync,
+                          graphs=cuda, compile="default" if cuda else None)
+    common = dict(device=device, model="toyclip", engine=engine, warmup_steps=int(cuda), lr=1e-2,
                   progress=False, plan=_replicated_plan("toyclip", ["vision", "text", "head"]))
     whole = train(TrainConfig(steps=DP_STEPS, **common), model=model)
     ckpt = CheckpointConfig(directory=os.path.join(out, "ckpt"), every_steps=DP_SAVE_AT)
@@ -293,17 +302,24 @@ def test_data_parallel_bf16_weights_train_as_one_process_and_resume(tmp_path, mo
     checkpoint continues the exact curve and weights (with DDP this needs the step before
     DDP wraps the modules to sum in bf16 too: it summed in fp32, so a resumed run's first
     step differed from the uninterrupted run's)."""
+    from mosaic.engine import main_weights
+    from tests.helpers import start_workers
+
+    monkeypatch.setattr(main_weights, "MIN_ELEMENTS", 1)  # the one-process run's toy weights
+    start_workers(_data_parallel_worker, (2, str(tmp_path), grad_sync), nprocs=2)
+    check_data_parallel_run(tmp_path, "cpu")
+
+
+def check_data_parallel_run(tmp_path, device: str) -> None:
+    """What _data_parallel_worker's two ranks wrote, against one process on `device`."""
     import json
 
     from safetensors.torch import load_file
 
-    from mosaic.engine import main_weights
     from mosaic.engine.session import EngineConfig
     from mosaic.engine.trainer import TrainConfig, train
-    from tests.helpers import start_workers
     from tests.test_engine import ToyModel, one_gpu_plans
 
-    start_workers(_data_parallel_worker, (2, str(tmp_path), grad_sync), nprocs=2)
     states = {(tag, r): load_file(str(tmp_path / f"{tag}-rank{r}.safetensors"))
               for tag in ("whole", "resumed") for r in (0, 1)}
     losses = {(tag, r): json.loads((tmp_path / f"{tag}-rank{r}.json").read_text())
@@ -313,9 +329,8 @@ def test_data_parallel_bf16_weights_train_as_one_process_and_resume(tmp_path, mo
     for other in (states["whole", 1], states["resumed", 0], states["resumed", 1]):
         assert other.keys() == whole.keys() and all(torch.equal(whole[k], other[k]) for k in whole)
     assert losses["resumed", 0] == losses["whole", 0][DP_SAVE_AT:]
-    monkeypatch.setattr(main_weights, "MIN_ELEMENTS", 1)
     model = ToyModel("toyclip")
-    one = train(TrainConfig(device="cpu", model="toyclip", steps=DP_STEPS, warmup_steps=0,
+    one = train(TrainConfig(device=device, model="toyclip", steps=DP_STEPS, warmup_steps=0,
                             lr=1e-2, progress=False, engine=EngineConfig(amp=True, bf16_weights=True),
                             plan=one_gpu_plans(model.graph("tiny"))["temporal"]), model=model)
     torch.testing.assert_close(losses["whole", 0], [s["loss"] for s in one.steps],
