@@ -63,8 +63,7 @@ def arguments() -> argparse.Namespace:
 def run_config(args: argparse.Namespace, plan, read_each_step: bool, cuda: bool,
                trace_dir: Path | None = None, bf16_weights: bool = False) -> TrainConfig:
     engine = EngineConfig(graphs=cuda, compile="default" if cuda else None,
-                          compile_scope=args.compile_scope, bf16_weights=bf16_weights,
-                          amp=True if bf16_weights and not cuda else None)
+                          compile_scope=args.compile_scope, bf16_weights=bf16_weights)
     return TrainConfig(model=args.model, preset=args.preset, plan=plan, steps=args.steps,
                        warmup_steps=args.warmup, global_batch=args.batch, engine=engine,
                        progress=False, read_each_step=read_each_step,

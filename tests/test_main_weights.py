@@ -91,7 +91,7 @@ def test_bf16_weights_is_a_variant_of_every_plan_refused_without_autocast_or_ada
         variant_applies,
     )
     from mosaic.engine.session import EngineConfig
-    from mosaic.engine.trainer import TrainConfig, TrainError
+    from mosaic.engine.trainer import TrainConfig, TrainError, train
     from mosaic.hardware import H200
     from mosaic.zoo import get_model
     from tests.test_bench import _plans
@@ -105,13 +105,17 @@ def test_bf16_weights_is_a_variant_of_every_plan_refused_without_autocast_or_ada
         engine_variant(EngineConfig(amp=False), settings)
     plans["mosaic@bf16_weights=true"] = plans["mosaic"]
     config = BenchConfig(rounds=1, steps_per_round=1, warmup_steps=0, nvml_seconds=0,
-                         user_programs=())
+                         user_programs=(), engine=EngineConfig(amp=True))  # as on a GPU
     engines = {"mosaic@bf16_weights=true": replace(config.engine, bf16_weights=True)}
-    with pytest.raises(BenchError, match="on the CPU set amp=True"):
-        measure_plans(model, "tiny", graph, plans, H200, config, engines)
+    measurements, _ = measure_plans(model, "tiny", graph, plans, H200, config, engines)
+    row = {m.label: m for m in measurements}["mosaic@bf16_weights=true"]  # autocast on: CPU too
+    assert row.engine_variant == {"bf16_weights": True} and row.median_s > 0
     with pytest.raises(TrainError, match="use adamw"):
         TrainConfig(model="clip", preset="tiny", plan=plans["mosaic"], optimizer="sgd",
                     engine=EngineConfig(bf16_weights=True))
+    with pytest.raises(TrainError, match="leave amp unset"):
+        train(TrainConfig(model="clip", preset="tiny", plan=plans["mosaic"], progress=False,
+                          engine=EngineConfig(amp=False, bf16_weights=True)))
 
 
 def test_a_step_told_found_inf_changes_nothing_and_the_next_one_steps():
@@ -233,7 +237,7 @@ def test_data_parallel_bf16_weights_are_refused_unless_reduced_in_bf16_by_name()
     sharded = replace(plan, stages=tuple(
         replace(s, placements=tuple(replace(p, shard=True) for p in s.placements))
         for s in plan.stages))
-    common = dict(cuda=True, amp=None, accumulation=1)
+    common = dict(amp=None, accumulation=1)
     assert "reduce_dtype='bf16'" in bf16_weights_refusal(plan, **common)
     assert "grad_sync 'flat' or 'ddp'" in bf16_weights_refusal(
         plan, reduce_dtype="bf16", grad_sync="bucketed", **common)

@@ -63,15 +63,15 @@ def cast_weights_bf16(modules: Iterable[nn.Module],
     return list(cast.values())
 
 
-def bf16_weights_refusal(plan: Plan, *, cuda: bool, amp: bool | None, accumulation: int,
+def bf16_weights_refusal(plan: Plan, *, amp: bool | None, accumulation: int,
                          reduce_dtype: str = "fp32", grad_sync: str = "flat") -> str | None:
     """Why the engine cannot run `plan` with bf16 weights, with the fix; None when it can.
     A data-parallel module's bf16 gradients are summed in bf16 (one all-reduce of its bf16
     buffer, as Megatron's `--grad-reduce-in-bf16` and FSDP's bf16 reduce_dtype do): asked for
     by name, reduce_dtype='bf16', rather than implied."""
-    if not (amp or (amp is None and cuda)):
-        return ("bf16_weights needs bf16 autocast (a bf16 weight meets fp32 activations): on a "
-                "GPU leave amp unset, on the CPU set amp=True")
+    if amp is False:
+        return ("bf16_weights needs bf16 autocast (a bf16 weight meets fp32 activations): leave "
+                "amp unset (bf16 weights turn it on, on the CPU too) or set amp=True")
     placements = [p for stage in plan.stages for p in stage.placements]
     if any(p.shard or p.tensor_parallel > 1 for p in placements):
         return ("bf16_weights runs plans without sharded or tensor-parallel modules so far; use "

@@ -389,7 +389,7 @@ def _own_contender(label: str, plan: Plan, model, preset: str, graph: MMGraph, d
     own copy of them (the same weights: same seed) with its own optimizer, so the other plans
     keep whole fp32 parameters."""
     if engine.bf16_weights:
-        _check_bf16_weights(label, plan, d, engine)
+        _check_bf16_weights(label, plan, engine)
     own = build_modules(model, preset, local_modules(plan, d.rank), config.seed, d.device)
     if engine.bf16_weights:
         cast_weights_bf16(own.values())
@@ -403,8 +403,8 @@ def _own_contender(label: str, plan: Plan, model, preset: str, graph: MMGraph, d
     return contender
 
 
-def _check_bf16_weights(label: str, plan: Plan, d: Dist, engine: EngineConfig) -> None:
-    refusal = bf16_weights_refusal(plan, cuda=d.device.type == "cuda", amp=engine.amp,
+def _check_bf16_weights(label: str, plan: Plan, engine: EngineConfig) -> None:
+    refusal = bf16_weights_refusal(plan, amp=engine.amp,
                                    accumulation=engine.accumulation,
                                    reduce_dtype=engine.reduce_dtype, grad_sync=engine.grad_sync)
     if refusal:

@@ -93,7 +93,10 @@ class EngineConfig:
             raise SessionError(f"accumulation={self.accumulation} must be >= 1")
 
     def runner_config(self) -> RunnerConfig:
-        return RunnerConfig(graphs=self.graphs, amp=self.amp, timeline=self.timeline,
+        """bf16 weights turn bf16 autocast on where amp is unset (on the CPU too): they need it,
+        and `mosaic train --bf16-weights` has no other way to ask for it there."""
+        amp = True if self.amp is None and self.bf16_weights else self.amp
+        return RunnerConfig(graphs=self.graphs, amp=amp, timeline=self.timeline,
                             grad_sync=self.grad_sync, reduce_dtype=self.reduce_dtype,
                             bucket_view=self.bucket_view, grads_in_graph=self.grads_in_graph,
                             accumulates=self.accumulation > 1)
