@@ -8,7 +8,8 @@ seed `rounds` times in each mode, alternating (read each step, in flight, read e
 CUDA graphs, Inductor, bf16 autocast, fused AdamW, the NaN guard, as `mosaic train` runs.
 Each run's median step time leaves out its warm-up steps (compile and capture). MFU against
 the 989 TF/s datasheet peak. With --trace-dir, one more in-flight run is traced
-(torch.profiler over its last steps) and summarised by kernel class there.
+(torch.profiler over its last steps) and summarised by kernel class there; with
+--bf16-weights too, a run with bf16 weights in DIR/bf16-weights.
 
 On a CPU it runs the tiny preset to check the script; its times mean nothing.
 """
@@ -199,6 +200,10 @@ def main() -> None:
     if args.trace_dir is not None:
         train(run_config(args, plan, False, cuda, args.trace_dir))
         summarise_trace_dir(args.trace_dir)
+        if args.bf16_weights:  # the same run with bf16 weights, traced beside it
+            bf16_dir = args.trace_dir / "bf16-weights"
+            train(run_config(args, plan, False, cuda, bf16_dir, bf16_weights=True))
+            summarise_trace_dir(bf16_dir)
 
 
 if __name__ == "__main__":
