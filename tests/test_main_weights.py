@@ -339,3 +339,49 @@ def check_data_parallel_run(tmp_path, device: str) -> None:
                             plan=one_gpu_plans(model.graph("tiny"))["temporal"]), model=model)
     torch.testing.assert_close(losses["whole", 0], [s["loss"] for s in one.steps],
                                rtol=2e-2, atol=0)
+
+
+def test_micro_step_gradients_are_summed_in_fp32_and_rounded_once():
+    from mosaic.engine.main_weights import MicroStepGradients
+
+    weight, unused = nn.Parameter(torch.zeros(4, dtype=torch.bfloat16)), nn.Parameter(
+        torch.zeros(2, dtype=torch.bfloat16))
+    kept = nn.Parameter(torch.zeros(3))  # fp32: autograd adds its micro-steps in fp32 already
+    folded = MicroStepGradients([weight, unused, kept])
+    assert folded.params == [weight, unused]
+    micro = [torch.tensor([1.0, 256.0, 1e-3, -2.0]), torch.tensor([1 / 256, 1.0, 1e-3, 2.0]),
+             torch.tensor([1 / 256, 1.0, 1e-3, 0.5])]
+    for k, g in enumerate(micro):
+        weight.grad = (weight.grad if weight.grad is not None else 0) + g.bfloat16()  # autograd
+        folded.fold(k, last=k == len(micro) - 1)
+        if k < len(micro) - 1:
+            assert torch.equal(weight.grad, torch.zeros_like(weight.grad))
+    want = sum(g.bfloat16().float() for g in micro).bfloat16()
+    assert torch.equal(weight.grad, want) and unused.grad is None
+    chained = micro[0].bfloat16()
+    for g in micro[1:]:
+        chained = chained + g.bfloat16()  # what bf16 accumulation would have left
+    assert not torch.equal(chained, want)  # 256 + 1 + 1 in bf16 stays 256
+
+
+def test_accumulated_bf16_weight_gradients_train_as_the_whole_batch(monkeypatch):
+    """toyvlm on the CPU with bf16 weights: two micro-steps follow one step over the whole
+    batch (the micro-steps' gradients summed in fp32); a data-parallel plan with accumulation
+    is refused with the fix."""
+    from mosaic.engine import main_weights
+    from mosaic.engine.main_weights import bf16_weights_refusal
+    from mosaic.engine.session import EngineConfig
+    from mosaic.engine.trainer import TrainConfig, train
+    from tests.test_engine import ToyModel, one_gpu_plans
+
+    monkeypatch.setattr(main_weights, "MIN_ELEMENTS", 1)  # the toy's weights are small
+    model = ToyModel("toyvlm")
+    common = dict(device="cpu", model="toyvlm", steps=4, warmup_steps=0, lr=1e-2,
+                  progress=False, plan=one_gpu_plans(model.graph("tiny"))["temporal"])
+    runs = {n: train(TrainConfig(engine=EngineConfig(bf16_weights=True, accumulation=n),
+                                 **common), model=model) for n in (1, 2)}
+    torch.testing.assert_close([s["loss"] for s in runs[2].steps],
+                               [s["loss"] for s in runs[1].steps], rtol=2e-2, atol=0)
+    plan = _replicated_plan("toyvlm", ["vision", "text", "adapter", "llm"])
+    assert "drop the accumulation" in bf16_weights_refusal(
+        plan, amp=None, accumulation=2, reduce_dtype="bf16", grad_sync="flat")

@@ -132,3 +132,22 @@ def test_data_parallel_bf16_weights_over_nccl(tmp_path, monkeypatch, grad_sync):
     start_workers(_data_parallel_worker, (2, str(tmp_path), grad_sync, "cuda"), nprocs=2,
                   device="cuda")
     check_data_parallel_run(tmp_path, "cuda")
+
+
+def test_accumulated_micro_steps_with_bf16_weights_follow_the_whole_batch(monkeypatch):
+    """Graphed and compiled: the backward graphs add each micro-step's bf16 gradients into the
+    flat buffers, the engine folds them into fp32 sums; two micro-steps train as one step."""
+    from mosaic.engine import main_weights
+    from mosaic.engine.trainer import TrainConfig, train
+
+    monkeypatch.setattr(main_weights, "MIN_ELEMENTS", 1)
+    model = get_model("ofasys")
+    plan = one_gpu_plans(model.graph("tiny"))["temporal"]
+    runs = {n: train(TrainConfig(model="ofasys", preset="tiny", plan=plan, steps=6,
+                                 warmup_steps=1, device="cuda", lr=1e-3, progress=False,
+                                 engine=EngineConfig(graphs=True, compile="default",
+                                                     bf16_weights=True, accumulation=n)))
+            for n in (1, 2)}
+    losses = {n: [s["loss"] for s in run.steps] for n, run in runs.items()}
+    print("accumulation 1:", losses[1], "2:", losses[2])
+    torch.testing.assert_close(losses[2], losses[1], rtol=2e-2, atol=0)

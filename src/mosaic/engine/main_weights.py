@@ -76,15 +76,44 @@ def bf16_weights_refusal(plan: Plan, *, amp: bool | None, accumulation: int,
     if any(p.shard or p.tensor_parallel > 1 for p in placements):
         return ("bf16_weights runs plans without sharded or tensor-parallel modules so far; use "
                 "a plan that keeps each module's weights whole on every GPU, or fp32 weights")
-    if any(p.dp_degree > 1 for p in placements) and (reduce_dtype != "bf16"
-                                                     or grad_sync == "bucketed"):
+    data_parallel = any(p.dp_degree > 1 for p in placements)
+    if data_parallel and (reduce_dtype != "bf16" or grad_sync == "bucketed"):
         return ("bf16_weights sums a data-parallel module's bf16 gradients in bf16: set "
                 "reduce_dtype='bf16' (--reduce-dtype bf16) with grad_sync 'flat' or 'ddp', or "
                 "keep fp32 weights")
-    if accumulation > 1:
-        return ("bf16_weights would add the micro-steps' gradients in bf16; drop the "
-                "accumulation or the bf16 weights")
+    if data_parallel and accumulation > 1:
+        return ("bf16_weights adds the micro-steps' gradients in fp32 after each backward, but a "
+                "data-parallel module sums them over its GPUs inside the last one; drop the "
+                "accumulation or the bf16 weights, or use a plan without data-parallel modules")
     return None
+
+
+class MicroStepGradients:
+    """The micro-steps' bf16 weight gradients added in fp32 (as Megatron's main
+    gradients are): after each micro-step's backward its gradients go into an fp32 sum and
+    are zeroed for the next; after the last, each gradient becomes the sum rounded to bf16
+    once, so the optimizer (and the NaN guard) read an ordinary bf16 gradient: the one a
+    single backward over the whole batch would round to, not n roundings of partial sums.
+    4 bytes a weight of memory, a foreach add per micro-step."""
+
+    def __init__(self, params: Iterable[nn.Parameter]) -> None:
+        self.params = [p for p in params if p.dtype == torch.bfloat16 and p.requires_grad]
+        self.sums = [torch.zeros(p.shape, dtype=torch.float32, device=p.device)
+                     for p in self.params]
+
+    def fold(self, micro_step: int, last: bool) -> None:
+        if micro_step == 0:
+            torch._foreach_zero_(self.sums)  # a parameter may get no gradient this step
+        pairs = [(total, p.grad) for total, p in zip(self.sums, self.params, strict=True)
+                 if p.grad is not None]
+        if not pairs:
+            return
+        sums, grads = (list(x) for x in zip(*pairs, strict=True))
+        torch._foreach_add_(sums, grads)
+        if last:
+            torch._foreach_copy_(grads, sums)
+        else:
+            torch._foreach_zero_(grads)
 
 
 def _adamw_update(main: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor,

@@ -28,6 +28,7 @@ from mosaic.engine import tensor_parallel
 from mosaic.engine.comm import PlanComm, check_world_size
 from mosaic.engine.compile import COMPILE_MODES, COMPILE_SCOPES
 from mosaic.engine.green import SMPartitionPool, requests_for_plan
+from mosaic.engine.main_weights import MicroStepGradients
 from mosaic.engine.runner import GRAD_SYNC, REDUCE_DTYPES, PlanRunner, RunnerConfig, StepOutput
 from mosaic.errors import MosaicError
 from mosaic.graph import MMGraph
@@ -71,8 +72,9 @@ class EngineConfig:
     """Weights of the GEMMs stored in bf16, fp32 main weights in the optimizer, which writes
     the bf16 weights as it updates (engine/main_weights.py): no autocast weight casts.
     Measured on one H200 at 1.04-1.21x (`mosaic bench --engine-variant bf16_weights=true`).
-    Not sharded or tensor-parallel plans, nor accumulation; data-parallel modules need
-    reduce_dtype='bf16' (their bf16 gradients are summed in bf16; main_weights.py)."""
+    Not sharded or tensor-parallel plans; data-parallel modules need reduce_dtype='bf16'
+    (their bf16 gradients are summed in bf16) and no accumulation; accumulated micro-steps
+    add their gradients in fp32 (main_weights.MicroStepGradients)."""
     grads_in_graph: bool = True
     """With graphs: each backward graph accumulates its module's parameter gradients itself
     (no per-parameter host work; engine/graphed.py), except where DDP synchronises them."""
@@ -319,6 +321,8 @@ class RankSession:
         self.plan, self.graph, self.runner, self.comm = plan, graph, runner, comm
         self.pool, self.config = pool, config
         self.last_output: StepOutput | None = None
+        self._folded: MicroStepGradients | None = None
+        """bf16 weights' micro-step gradients summed in fp32 (made at the first step)."""
 
     @classmethod
     def create(cls, plan: Plan, graph: MMGraph, modules: dict[str, nn.Module], d: Dist,
@@ -341,6 +345,11 @@ class RankSession:
     @property
     def modules(self) -> dict[str, nn.Module]:
         return self.runner.modules
+
+    def _micro_step_gradients(self) -> MicroStepGradients:
+        if self._folded is None:
+            self._folded = MicroStepGradients(self.parameters())
+        return self._folded
 
     def parameters(self) -> list[nn.Parameter]:
         return self.runner.parameters()
@@ -384,7 +393,12 @@ class RankSession:
         this rank's share of the step's loss (summed over micro-steps)."""
         n = len(data)
         self.runner.attach_grads()
-        outs = [self.runner.step(d, fraction=1.0 / n, sync=k == n - 1) for k, d in enumerate(data)]
+        outs = []
+        for k, d in enumerate(data):
+            outs.append(self.runner.step(d, fraction=1.0 / n, sync=k == n - 1))
+            if n > 1 and self.config.bf16_weights:
+                self._micro_step_gradients().fold(k, last=k == n - 1)
+                outs[-1].grads_ready = {}  # final only after the fold, on this stream
         last = outs[-1]
         if n > 1:
             last.loss = torch.stack([o.loss for o in outs]).sum()
