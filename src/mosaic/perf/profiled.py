@@ -35,7 +35,7 @@ from scipy.optimize import least_squares
 from mosaic.graph import MMGraph, ModuleSpec
 from mosaic.hardware import ClusterSpec, GPUSpec
 from mosaic.perf.analytic import AnalyticModel
-from mosaic.perf.base import PerfModel, Work
+from mosaic.perf.base import ACCUMULATE_BYTES_PER_PARAM, PerfModel, Work
 from mosaic.perf.engine_term import (
     EngineTerm,
     bf16_weights,
@@ -587,6 +587,10 @@ def _sensitivities(db: ProfileDB) -> dict[str, float]:
 CAST_BYTES_PER_PARAM = 12.0
 """Device-memory traffic per weight of autocast's two casts a step: the forward's fp32 -> bf16
 copy (read 4 bytes, write 2) and the backward's bf16 -> fp32 gradient (read 2, write 4)."""
+BF16_ACCUMULATE_BYTES = 18.0
+"""A micro-step's gradient traffic per bf16 weight when accumulating: the backward graph adds
+the bf16 gradient in place (read 2 + 2, write 2) and the engine folds it into the fp32 sum
+and zeroes it (read 2 + 4, write 4 + 2; main_weights.MicroStepGradients)."""
 
 
 class ProfiledModel(PerfModel):
@@ -719,14 +723,17 @@ class ProfiledModel(PerfModel):
         With bf16 weights, less the weight casts that the surfaces (measured with fp32 weights
         under autocast) include: a pass of CAST_BYTES_PER_PARAM over the busiest GPU's
         parameters at the optimizer's measured bandwidth (its own bytes barely change: reads
-        a bf16 gradient, writes a bf16 weight), once per micro-step: accumulated, each
-        micro-step skips the casts (12 bytes) and adds bf16 gradients in the graph and folds
-        them into fp32 sums (18) where fp32 weights add fp32 ones (12): 12 bytes saved each."""
+        a bf16 gradient, writes a bf16 weight). Accumulated, every micro-step skips the casts
+        but adds its bf16 gradients and folds them into fp32 sums (BF16_ACCUMULATE_BYTES)
+        where fp32 weights add fp32 gradients (ACCUMULATE_BYTES_PER_PARAM)."""
         composed = super().iteration_time_s(plan, graph)
         if not bf16_weights(self.engine):
             return composed
-        cast_s = self.memory_pass_s(self._most_params(plan, graph), CAST_BYTES_PER_PARAM)
-        return composed - self.accumulation * cast_s
+        saved = CAST_BYTES_PER_PARAM
+        if self.accumulation > 1:
+            saved += ACCUMULATE_BYTES_PER_PARAM - BF16_ACCUMULATE_BYTES
+        return composed - self.accumulation * self.memory_pass_s(
+            self._most_params(plan, graph), saved)
 
     def engine_term_s(self, plan: Plan, graph: MMGraph) -> float:
         """The fitted per-step engine term of `plan` (0 without one for this engine kind)."""
