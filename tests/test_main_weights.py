@@ -170,8 +170,9 @@ def test_a_saved_state_loads_into_the_live_tensors_and_an_fp32_runs_state_is_ref
         second.load_state_dict(fp32_state.state_dict())
 
 
+@pytest.mark.parametrize("accumulation", [1, 2])
 def test_training_with_bf16_weights_resumes_exactly_and_an_fp32_run_refuses_its_checkpoint(
-        tmp_path, monkeypatch):
+        tmp_path, monkeypatch, accumulation):
     """On the CPU under bf16 autocast (amp=True): the first loss is the fp32-weight run's
     (autocast computed with the same bf16 values); stopped after a checkpoint and resumed,
     the run continues the exact loss curve and weights (the checkpoint holds the fp32 main
@@ -187,7 +188,8 @@ def test_training_with_bf16_weights_resumes_exactly_and_an_fp32_run_refuses_its_
     plan = one_gpu_plans(model.graph("tiny"))["free"]
     common = dict(device="cpu", model="toyvlm", plan=plan, warmup_steps=0, lr=1e-2,
                   progress=False)
-    bf16, fp32 = EngineConfig(amp=True, bf16_weights=True), EngineConfig(amp=True)
+    bf16 = EngineConfig(amp=True, bf16_weights=True, accumulation=accumulation)
+    fp32 = EngineConfig(amp=True, accumulation=accumulation)
     whole = train(TrainConfig(steps=6, engine=bf16, **common), model=model)
     assert whole.steps[0]["loss"] == train(TrainConfig(steps=1, engine=fp32, **common),
                                            model=model).steps[0]["loss"]
