@@ -102,6 +102,8 @@ class MicroStepGradients:
                      for p in self.params]
 
     def fold(self, micro_step: int, last: bool) -> None:
+        if not self.params:  # every weight below MIN_ELEMENTS: nothing is bf16
+            return
         if micro_step == 0:
             torch._foreach_zero_(self.sums)  # a parameter may get no gradient this step
         pairs = [(total, p.grad) for total, p in zip(self.sums, self.params, strict=True)
