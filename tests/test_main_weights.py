@@ -388,3 +388,23 @@ def test_accumulated_bf16_weight_gradients_train_as_the_whole_batch(monkeypatch)
     plan = _replicated_plan("toyvlm", ["vision", "text", "adapter", "llm"])
     assert "drop the accumulation" in bf16_weights_refusal(
         plan, amp=None, accumulation=2, reduce_dtype="bf16", grad_sync="flat")
+
+
+@pytest.mark.parametrize("variant", [[], ["--engine-variant", "bf16_weights=true"]])
+def test_a_cpu_smoke_bench_of_bf16_weights_runs_everything_under_autocast(monkeypatch, variant):
+    """On the CPU autocast is off by default; a bf16-weight variant runs under it, so the
+    smoke run puts every plan and the reference there too (else the gradient check compares
+    bf16 with fp32 and refuses the variant)."""
+    import mosaic.bench
+    from mosaic.cli import main
+
+    seen = {}
+
+    def stop(model, graph, cluster, config, **kwargs):
+        seen["amp"] = config.engine.amp
+        raise SystemExit(0)
+
+    monkeypatch.setattr(mosaic.bench, "run_bench", stop)
+    with pytest.raises(SystemExit):
+        main(["bench", "clip", "--cpu-smoke", *variant])
+    assert seen["amp"] is (True if variant else None)
