@@ -239,7 +239,7 @@ def test_data_parallel_bf16_weights_are_refused_unless_reduced_in_bf16_by_name()
     sharded = replace(plan, stages=tuple(
         replace(s, placements=tuple(replace(p, shard=True) for p in s.placements))
         for s in plan.stages))
-    common = dict(amp=None, accumulation=1)
+    common = dict(amp=None)
     assert "reduce_dtype='bf16'" in bf16_weights_refusal(plan, **common)
     assert "grad_sync 'flat' or 'ddp'" in bf16_weights_refusal(
         plan, reduce_dtype="bf16", grad_sync="bucketed", **common)
@@ -253,9 +253,9 @@ DP_STEPS, DP_SAVE_AT = 4, 2
 
 
 def _data_parallel_worker(rank: int, world: int, out: str, grad_sync: str,
-                          device: str = "cpu") -> None:
-    """Trains toyclip replicated on both ranks with bf16 weights (4 steps), then 2 steps with
-    a checkpoint and a resume to 4; writes this rank's weights and losses. On CUDA over NCCL,
+                          device: str = "cpu", toy: str = "toyclip", accumulation: int = 1) -> None:
+    """Trains `toy` replicated on both ranks with bf16 weights (4 steps), then 2 steps with a
+    checkpoint and a resume to 4; writes this rank's weights and losses. On CUDA over NCCL,
     graphed and compiled."""
     import json
     import os
@@ -279,12 +279,13 @@ def _data_parallel_worker(rank: int, world: int, out: str, grad_sync: str,
                                 device_id=torch.device("cuda", rank))
     else:
         dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
-    model = ToyModel("toyclip")
+    model = ToyModel(toy)
     cuda = device == "cuda"
     engine = EngineConfig(amp=True, bf16_weights=True, reduce_dtype="bf16", grad_sync=grad_sync,
-                          graphs=cuda, compile="default" if cuda else None)
-    common = dict(device=device, model="toyclip", engine=engine, warmup_steps=int(cuda), lr=1e-2,
-                  progress=False, plan=_replicated_plan("toyclip", ["vision", "text", "head"]))
+                          graphs=cuda, compile="default" if cuda else None,
+                          accumulation=accumulation)
+    common = dict(device=device, model=toy, engine=engine, warmup_steps=int(cuda), lr=1e-2,
+                  progress=False, plan=_replicated_plan(toy, model.graph("tiny").names))
     whole = train(TrainConfig(steps=DP_STEPS, **common), model=model)
     ckpt = CheckpointConfig(directory=os.path.join(out, "ckpt"), every_steps=DP_SAVE_AT)
     train(TrainConfig(steps=DP_SAVE_AT, checkpoint=ckpt, **common), model=model)
@@ -299,11 +300,13 @@ def _data_parallel_worker(rank: int, world: int, out: str, grad_sync: str,
 
 @pytest.mark.slow
 @pytest.mark.xdist_group("start_workers")  # see tests/test_engine_dist.py
-@pytest.mark.parametrize("grad_sync", ["flat", "ddp"])
-def test_data_parallel_bf16_weights_train_as_one_process_and_resume(tmp_path, monkeypatch,
-                                                                    grad_sync):
+@pytest.mark.parametrize(("grad_sync", "toy", "accumulation"), [
+    ("flat", "toyclip", 1), ("ddp", "toyclip", 1), ("flat", "toyvlm", 2), ("ddp", "toyvlm", 2)])
+def test_data_parallel_bf16_weights_train_as_one_process_and_resume(
+        tmp_path, monkeypatch, grad_sync, toy, accumulation):
     """Two gloo processes, every module replicated, bf16 weights with their gradients summed
-    in bf16: the replicas stay bitwise equal, the losses follow one process training the
+    in bf16 (with accumulation too: the micro-steps summed in fp32 before the last backward,
+    which all-reduces): the replicas stay bitwise equal, the losses follow one process training the
     whole batch with bf16 weights (they differ by the bf16 sum), and a run resumed from a
     checkpoint continues the exact curve and weights (with DDP this needs the step before
     DDP wraps the modules to sum in bf16 too: it summed in fp32, so a resumed run's first
@@ -312,11 +315,12 @@ def test_data_parallel_bf16_weights_train_as_one_process_and_resume(tmp_path, mo
     from tests.helpers import start_workers
 
     monkeypatch.setattr(main_weights, "MIN_ELEMENTS", 1)  # the one-process run's toy weights
-    start_workers(_data_parallel_worker, (2, str(tmp_path), grad_sync), nprocs=2)
-    check_data_parallel_run(tmp_path, "cpu")
+    start_workers(_data_parallel_worker, (2, str(tmp_path), grad_sync, "cpu", toy, accumulation),
+                  nprocs=2)
+    check_data_parallel_run(tmp_path, "cpu", toy)
 
 
-def check_data_parallel_run(tmp_path, device: str) -> None:
+def check_data_parallel_run(tmp_path, device: str, toy: str = "toyclip") -> None:
     """What _data_parallel_worker's two ranks wrote, against one process on `device`."""
     import json
 
@@ -335,15 +339,15 @@ def check_data_parallel_run(tmp_path, device: str) -> None:
     for other in (states["whole", 1], states["resumed", 0], states["resumed", 1]):
         assert other.keys() == whole.keys() and all(torch.equal(whole[k], other[k]) for k in whole)
     assert losses["resumed", 0] == losses["whole", 0][DP_SAVE_AT:]
-    model = ToyModel("toyclip")
-    one = train(TrainConfig(device=device, model="toyclip", steps=DP_STEPS, warmup_steps=0,
+    model = ToyModel(toy)
+    one = train(TrainConfig(device=device, model=toy, steps=DP_STEPS, warmup_steps=0,
                             lr=1e-2, progress=False, engine=EngineConfig(amp=True, bf16_weights=True),
                             plan=one_gpu_plans(model.graph("tiny"))["temporal"]), model=model)
     torch.testing.assert_close(losses["whole", 0], [s["loss"] for s in one.steps],
                                rtol=2e-2, atol=0)
 
 
-def test_micro_step_gradients_are_summed_in_fp32_and_rounded_once():
+def test_micro_step_gradients_are_summed_in_fp32_and_rounded_at_most_twice():
     from mosaic.engine.main_weights import MicroStepGradients
 
     weight, unused = nn.Parameter(torch.zeros(4, dtype=torch.bfloat16)), nn.Parameter(
@@ -352,27 +356,27 @@ def test_micro_step_gradients_are_summed_in_fp32_and_rounded_once():
     folded = MicroStepGradients([weight, unused, kept])
     assert folded.params == [weight, unused]
     micro = [torch.tensor([1.0, 256.0, 1e-3, -2.0]), torch.tensor([1 / 256, 1.0, 1e-3, 2.0]),
-             torch.tensor([1 / 256, 1.0, 1e-3, 0.5])]
+             torch.tensor([1 / 256, 1.0, 1e-3, 0.5]), torch.tensor([0.0, 1.0, 0.0, 0.0])]
+    n = len(micro)
     for k, g in enumerate(micro):
         weight.grad = (weight.grad if weight.grad is not None else 0) + g.bfloat16()  # autograd
-        folded.fold(k, last=k == len(micro) - 1)
-        if k < len(micro) - 1:
+        folded.fold(k, n)
+        if k < n - 2:
             assert torch.equal(weight.grad, torch.zeros_like(weight.grad))
-    want = sum(g.bfloat16().float() for g in micro).bfloat16()
+    first = sum(g.bfloat16().float() for g in micro[:-1]).bfloat16()  # summed in fp32
+    want = first + micro[-1].bfloat16()  # the last backward adds in bf16, as autograd does
     assert torch.equal(weight.grad, want) and unused.grad is None
     chained = micro[0].bfloat16()
     for g in micro[1:]:
         chained = chained + g.bfloat16()  # what bf16 accumulation would have left
-    assert not torch.equal(chained, want)  # 256 + 1 + 1 in bf16 stays 256
-    MicroStepGradients([kept]).fold(0, last=False)  # no bf16 weight (a tiny model): nothing
+    assert chained[1] == 256 and want[1] == 260  # 256 + 1 + 1 + 1: bf16 steps of 2 stay 256
+    MicroStepGradients([kept]).fold(0, 2)  # no bf16 weight (a tiny model): nothing
 
 
 def test_accumulated_bf16_weight_gradients_train_as_the_whole_batch(monkeypatch):
-    """toyvlm on the CPU with bf16 weights: two micro-steps follow one step over the whole
-    batch (the micro-steps' gradients summed in fp32); a data-parallel plan with accumulation
-    is refused with the fix."""
+    """toyvlm on the CPU with bf16 weights: two and three micro-steps follow one step over the
+    whole batch (the micro-steps' gradients summed in fp32)."""
     from mosaic.engine import main_weights
-    from mosaic.engine.main_weights import bf16_weights_refusal
     from mosaic.engine.session import EngineConfig
     from mosaic.engine.trainer import TrainConfig, train
     from tests.test_engine import ToyModel, one_gpu_plans
@@ -380,14 +384,13 @@ def test_accumulated_bf16_weight_gradients_train_as_the_whole_batch(monkeypatch)
     monkeypatch.setattr(main_weights, "MIN_ELEMENTS", 1)  # the toy's weights are small
     model = ToyModel("toyvlm")
     common = dict(device="cpu", model="toyvlm", steps=4, warmup_steps=0, lr=1e-2,
-                  progress=False, plan=one_gpu_plans(model.graph("tiny"))["temporal"])
+                  progress=False, plan=one_gpu_plans(model.graph("tiny"))["temporal"],
+                  global_batch=12)
     runs = {n: train(TrainConfig(engine=EngineConfig(bf16_weights=True, accumulation=n),
-                                 **common), model=model) for n in (1, 2)}
-    torch.testing.assert_close([s["loss"] for s in runs[2].steps],
-                               [s["loss"] for s in runs[1].steps], rtol=2e-2, atol=0)
-    plan = _replicated_plan("toyvlm", ["vision", "text", "adapter", "llm"])
-    assert "drop the accumulation" in bf16_weights_refusal(
-        plan, amp=None, accumulation=2, reduce_dtype="bf16", grad_sync="flat")
+                                 **common), model=model) for n in (1, 2, 3)}
+    for n in (2, 3):
+        torch.testing.assert_close([s["loss"] for s in runs[n].steps],
+                                   [s["loss"] for s in runs[1].steps], rtol=2e-2, atol=0)
 
 
 @pytest.mark.parametrize("variant", [[], ["--engine-variant", "bf16_weights=true"]])

@@ -63,8 +63,8 @@ def cast_weights_bf16(modules: Iterable[nn.Module],
     return list(cast.values())
 
 
-def bf16_weights_refusal(plan: Plan, *, amp: bool | None, accumulation: int,
-                         reduce_dtype: str = "fp32", grad_sync: str = "flat") -> str | None:
+def bf16_weights_refusal(plan: Plan, *, amp: bool | None, reduce_dtype: str = "fp32",
+                         grad_sync: str = "flat") -> str | None:
     """Why the engine cannot run `plan` with bf16 weights, with the fix; None when it can.
     A data-parallel module's bf16 gradients are summed in bf16 (one all-reduce of its bf16
     buffer, as Megatron's `--grad-reduce-in-bf16` and FSDP's bf16 reduce_dtype do): asked for
@@ -76,33 +76,30 @@ def bf16_weights_refusal(plan: Plan, *, amp: bool | None, accumulation: int,
     if any(p.shard or p.tensor_parallel > 1 for p in placements):
         return ("bf16_weights runs plans without sharded or tensor-parallel modules so far; use "
                 "a plan that keeps each module's weights whole on every GPU, or fp32 weights")
-    data_parallel = any(p.dp_degree > 1 for p in placements)
-    if data_parallel and (reduce_dtype != "bf16" or grad_sync == "bucketed"):
+    if any(p.dp_degree > 1 for p in placements) and (reduce_dtype != "bf16" or grad_sync == "bucketed"):
         return ("bf16_weights sums a data-parallel module's bf16 gradients in bf16: set "
                 "reduce_dtype='bf16' (--reduce-dtype bf16) with grad_sync 'flat' or 'ddp', or "
                 "keep fp32 weights")
-    if data_parallel and accumulation > 1:
-        return ("bf16_weights adds the micro-steps' gradients in fp32 after each backward, but a "
-                "data-parallel module sums them over its GPUs inside the last one; drop the "
-                "accumulation or the bf16 weights, or use a plan without data-parallel modules")
     return None
 
 
 class MicroStepGradients:
-    """The micro-steps' bf16 weight gradients added in fp32 (as Megatron's main
-    gradients are): after each micro-step's backward its gradients go into an fp32 sum and
-    are zeroed for the next; after the last, each gradient becomes the sum rounded to bf16
-    once, so the optimizer (and the NaN guard) read an ordinary bf16 gradient: the one a
-    single backward over the whole batch would round to, not n roundings of partial sums.
-    4 bytes a weight of memory, a foreach add per micro-step."""
+    """The micro-steps' bf16 weight gradients added in fp32, as Megatron's main
+    gradients are: after each backward but the last two micro-steps' the gradients go into an
+    fp32 sum and are zeroed; after the second-to-last the sum, rounded to bf16 once, is left
+    in `.grad`, and the last backward adds its gradients to it as usual. So a gradient is
+    rounded at most twice, not once per micro-step, and everything after the last backward
+    (a data-parallel module's all-reduce inside it, the optimizer, the NaN guard) reads an
+    ordinary bf16 gradient. 4 bytes a weight of memory, a foreach add per micro-step."""
 
     def __init__(self, params: Iterable[nn.Parameter]) -> None:
         self.params = [p for p in params if p.dtype == torch.bfloat16 and p.requires_grad]
         self.sums = [torch.zeros(p.shape, dtype=torch.float32, device=p.device)
                      for p in self.params]
 
-    def fold(self, micro_step: int, last: bool) -> None:
-        if not self.params:  # every weight below MIN_ELEMENTS: nothing is bf16
+    def fold(self, micro_step: int, micro_steps: int) -> None:
+        """After micro-step `micro_step`'s backward, of `micro_steps`."""
+        if not self.params or micro_step >= micro_steps - 1:  # nothing bf16 / the last adds
             return
         if micro_step == 0:
             torch._foreach_zero_(self.sums)  # a parameter may get no gradient this step
@@ -112,7 +109,7 @@ class MicroStepGradients:
             return
         sums, grads = (list(x) for x in zip(*pairs, strict=True))
         torch._foreach_add_(sums, grads)
-        if last:
+        if micro_step == micro_steps - 2:
             torch._foreach_copy_(grads, sums)
         else:
             torch._foreach_zero_(grads)

@@ -404,9 +404,8 @@ def _own_contender(label: str, plan: Plan, model, preset: str, graph: MMGraph, d
 
 
 def _check_bf16_weights(label: str, plan: Plan, engine: EngineConfig) -> None:
-    refusal = bf16_weights_refusal(plan, amp=engine.amp,
-                                   accumulation=engine.accumulation,
-                                   reduce_dtype=engine.reduce_dtype, grad_sync=engine.grad_sync)
+    refusal = bf16_weights_refusal(plan, amp=engine.amp, reduce_dtype=engine.reduce_dtype,
+                                   grad_sync=engine.grad_sync)
     if refusal:
         raise BenchError(f"{label!r}: {refusal}")
 

@@ -73,8 +73,8 @@ class EngineConfig:
     the bf16 weights as it updates (engine/main_weights.py): no autocast weight casts.
     Measured on one H200 at 1.04-1.21x (`mosaic bench --engine-variant bf16_weights=true`).
     Not sharded or tensor-parallel plans; data-parallel modules need reduce_dtype='bf16'
-    (their bf16 gradients are summed in bf16) and no accumulation; accumulated micro-steps
-    add their gradients in fp32 (main_weights.MicroStepGradients)."""
+    (their bf16 gradients are summed in bf16); accumulated micro-steps add their gradients
+    in fp32 (main_weights.MicroStepGradients)."""
     grads_in_graph: bool = True
     """With graphs: each backward graph accumulates its module's parameter gradients itself
     (no per-parameter host work; engine/graphed.py), except where DDP synchronises them."""
@@ -397,8 +397,7 @@ class RankSession:
         for k, d in enumerate(data):
             outs.append(self.runner.step(d, fraction=1.0 / n, sync=k == n - 1))
             if n > 1 and self.config.bf16_weights:
-                self._micro_step_gradients().fold(k, last=k == n - 1)
-                outs[-1].grads_ready = {}  # final only after the fold, on this stream
+                self._micro_step_gradients().fold(k, n)
         last = outs[-1]
         if n > 1:
             last.loss = torch.stack([o.loss for o in outs]).sum()

@@ -293,8 +293,7 @@ def _build(config: TrainConfig, model: TrainableModel, graph: MMGraph, plan: Pla
     gpu = make_cluster(plan.num_gpus, config.hardware).gpu
     bf16 = config.engine.bf16_weights
     if bf16 and (refusal := bf16_weights_refusal(
-            plan, amp=config.engine.amp,
-            accumulation=config.engine.accumulation, reduce_dtype=config.engine.reduce_dtype,
+            plan, amp=config.engine.amp, reduce_dtype=config.engine.reduce_dtype,
             grad_sync=config.engine.grad_sync)):
         raise TrainError(refusal)
     modules = build_modules(model, config.preset, local_modules(plan, d.rank), config.seed,

@@ -587,10 +587,12 @@ def _sensitivities(db: ProfileDB) -> dict[str, float]:
 CAST_BYTES_PER_PARAM = 12.0
 """Device-memory traffic per weight of autocast's two casts a step: the forward's fp32 -> bf16
 copy (read 4 bytes, write 2) and the backward's bf16 -> fp32 gradient (read 2, write 4)."""
-BF16_ACCUMULATE_BYTES = 18.0
-"""A micro-step's gradient traffic per bf16 weight when accumulating: the backward graph adds
-the bf16 gradient in place (read 2 + 2, write 2) and the engine folds it into the fp32 sum
-and zeroes it (read 2 + 4, write 4 + 2; main_weights.MicroStepGradients)."""
+BF16_ADD_BYTES = 6.0
+"""Accumulating with bf16 weights, each micro-step's backward adds its bf16 gradient in place
+(read 2 + 2, write 2)."""
+FOLD_BYTES = 12.0
+"""...and each micro-step but the last folds it into the fp32 sum and zeroes it (read 2 + 4,
+write 4 + 2; main_weights.MicroStepGradients)."""
 
 
 class ProfiledModel(PerfModel):
@@ -724,16 +726,16 @@ class ProfiledModel(PerfModel):
         under autocast) include: a pass of CAST_BYTES_PER_PARAM over the busiest GPU's
         parameters at the optimizer's measured bandwidth (its own bytes barely change: reads
         a bf16 gradient, writes a bf16 weight). Accumulated, every micro-step skips the casts
-        but adds its bf16 gradients and folds them into fp32 sums (BF16_ACCUMULATE_BYTES)
-        where fp32 weights add fp32 gradients (ACCUMULATE_BYTES_PER_PARAM)."""
+        and adds bf16 gradients (BF16_ADD_BYTES) where fp32 weights add fp32 ones
+        (ACCUMULATE_BYTES_PER_PARAM), and all but the last fold theirs into fp32 sums."""
         composed = super().iteration_time_s(plan, graph)
         if not bf16_weights(self.engine):
             return composed
-        saved = CAST_BYTES_PER_PARAM
-        if self.accumulation > 1:
-            saved += ACCUMULATE_BYTES_PER_PARAM - BF16_ACCUMULATE_BYTES
-        return composed - self.accumulation * self.memory_pass_s(
-            self._most_params(plan, graph), saved)
+        n = self.accumulation
+        saved = n * CAST_BYTES_PER_PARAM
+        if n > 1:
+            saved += n * (ACCUMULATE_BYTES_PER_PARAM - BF16_ADD_BYTES) - (n - 1) * FOLD_BYTES
+        return composed - self.memory_pass_s(self._most_params(plan, graph), saved)
 
     def engine_term_s(self, plan: Plan, graph: MMGraph) -> float:
         """The fitted per-step engine term of `plan` (0 without one for this engine kind)."""
