@@ -118,8 +118,10 @@ def test_training_with_bf16_weights_follows_fp32_weights_and_resumes(tmp_path, m
                                    msg=key)
 
 
-@pytest.mark.parametrize("grad_sync", ["flat", "ddp"])
-def test_data_parallel_bf16_weights_over_nccl(tmp_path, monkeypatch, grad_sync):
+@pytest.mark.parametrize(("grad_sync", "toy", "accumulation"), [
+    ("flat", "toyclip", 1), ("ddp", "toyclip", 1), ("flat", "toyvlm", 2), ("ddp", "toyvlm", 2)])
+def test_data_parallel_bf16_weights_over_nccl(tmp_path, monkeypatch, grad_sync, toy,
+                                              accumulation):
     """The CPU two-process test over NCCL, graphed and compiled: replicas bitwise equal, the
     losses one process's within the bf16 sum, a resume exact."""
     from mosaic.engine import main_weights
@@ -129,9 +131,9 @@ def test_data_parallel_bf16_weights_over_nccl(tmp_path, monkeypatch, grad_sync):
     if torch.cuda.device_count() < 2:
         pytest.skip("needs 2 GPUs")
     monkeypatch.setattr(main_weights, "MIN_ELEMENTS", 1)
-    start_workers(_data_parallel_worker, (2, str(tmp_path), grad_sync, "cuda"), nprocs=2,
-                  device="cuda")
-    check_data_parallel_run(tmp_path, "cuda")
+    start_workers(_data_parallel_worker, (2, str(tmp_path), grad_sync, "cuda", toy, accumulation),
+                  nprocs=2, device="cuda")
+    check_data_parallel_run(tmp_path, "cuda", toy)
 
 
 def test_accumulated_micro_steps_with_bf16_weights_follow_the_whole_batch(monkeypatch):
