@@ -393,21 +393,25 @@ def test_accumulated_bf16_weight_gradients_train_as_the_whole_batch(monkeypatch)
                                    [s["loss"] for s in runs[1].steps], rtol=2e-2, atol=0)
 
 
-@pytest.mark.parametrize("variant", [[], ["--engine-variant", "bf16_weights=true"]])
-def test_a_cpu_smoke_bench_of_bf16_weights_runs_everything_under_autocast(monkeypatch, variant):
+@pytest.mark.parametrize("variants", [[], [{"bf16_weights": True}]])
+def test_a_cpu_bench_of_bf16_weights_runs_everything_under_autocast(monkeypatch, variants):
     """On the CPU autocast is off by default; a bf16-weight variant runs under it, so the
-    smoke run puts every plan and the reference there too (else the gradient check compares
-    bf16 with fp32 and refuses the variant)."""
+    bench puts every plan and the reference there too (else the gradient check compares
+    bf16 with fp32 and refuses the variant, as `mosaic bench --cpu-smoke` did)."""
     import mosaic.bench
-    from mosaic.cli import main
+    from mosaic.engine.measure import BenchConfig
+    from mosaic.hardware import make_cluster
+    from mosaic.zoo import get_model
 
     seen = {}
 
-    def stop(model, graph, cluster, config, **kwargs):
-        seen["amp"] = config.engine.amp
+    def stop(perf_model, cluster, preset, profile_db, engine):
+        seen["amp"] = engine.amp
         raise SystemExit(0)
 
-    monkeypatch.setattr(mosaic.bench, "run_bench", stop)
+    monkeypatch.setattr(mosaic.bench, "perf_model_for", stop)
+    model = get_model("clip")
     with pytest.raises(SystemExit):
-        main(["bench", "clip", "--cpu-smoke", *variant])
-    assert seen["amp"] is (True if variant else None)
+        mosaic.bench.run_bench(model, model.graph("tiny"), make_cluster(1, "h200"),
+                               BenchConfig(), variants=variants)
+    assert seen["amp"] is (True if variants else None)

@@ -84,9 +84,13 @@ def run_bench(model: Any, graph: MMGraph, cluster: ClusterSpec, config: BenchCon
     from mosaic.planners import plan_all
 
     preset = preset or graph.preset
+    cpu = not torch.cuda.is_available()
+    if cpu and config.engine.amp is None and any(s.get("bf16_weights") for s in variants):
+        # bf16 weights run under autocast; on a CPU (where it is off by default) the other
+        # plans and the reference must too, or the gradient check compares bf16 with fp32
+        config = dataclasses.replace(config, engine=dataclasses.replace(config.engine, amp=True))
     # Predicted for the engine as it will run here: no CUDA graphs on a CPU (measure_plans).
-    ran = config.engine if torch.cuda.is_available() else dataclasses.replace(config.engine,
-                                                                               graphs=False)
+    ran = dataclasses.replace(config.engine, graphs=False) if cpu else config.engine
     perf = perf_model_for(perf_model, cluster, preset, profile_db, ran)
     for settings in variants:  # a bad variant is refused before planning and set-up
         engine_variant(config.engine, settings)

@@ -705,13 +705,9 @@ def bench(
     graph = zoo_model.graph(preset, global_batch=batch)
     names = [n.strip() for n in planners.split(",") if n.strip()]
     users = tuple(n.strip() for n in user_programs.split(",") if n.strip() not in ("", "none"))
-    variants = [parse_variant(v) for v in engine_variants or []]
-    # bf16 weights run under bf16 autocast; on the CPU everything else must too, or the
-    # gradient check compares them with an fp32 reference (on a GPU autocast is the default)
-    amp = True if cpu_smoke and any(v.get("bf16_weights") for v in variants) else None
     config = BenchConfig(rounds=rounds, steps_per_round=steps_per_round, warmup_steps=warmup,
                          engine=EngineConfig(graphs=graphs, compile=_compile_mode(compile_mode),
-                                             compile_scope=compile_scope, amp=amp,
+                                             compile_scope=compile_scope,
                                              grad_sync=grad_sync, reduce_dtype=reduce_dtype,
                                              grads_in_graph=grads_in_graph,
                                              accumulation=accumulation),
@@ -722,7 +718,8 @@ def bench(
                     perf_model=str(perf_model), profile_db=profile_db,
                     plans=(lambda: load_plans(plans_dir, names, graph, cluster))
                     if plans_dir is not None else None,
-                    variants=variants, autotune=autotune)
+                    variants=[parse_variant(v) for v in engine_variants or []],
+                    autotune=autotune)
     if int(os.environ.get("RANK", "0")) != 0:
         return
     if run.autotune is not None:
