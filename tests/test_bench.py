@@ -165,6 +165,26 @@ def test_a_variant_plans_timeline_files_have_portable_names(tmp_path):
         "megatron_bucket_view_true.png", "megatron_bucket_view_true.trace.json"]
 
 
+def test_torch_trace_writes_each_contenders_timed_steps_under_its_portable_name(tmp_path):
+    from mosaic.report.kernel_time import load_trace
+
+    model = get_model("clip")
+    graph = model.graph("tiny")
+    plans = {"megatron@bucket_view=true": _plans(graph)["megatron"]}
+    config = BenchConfig(rounds=1, steps_per_round=1, warmup_steps=0, nvml_seconds=0,
+                         user_programs=("torch-eager",), torch_trace_dir=str(tmp_path))
+    engines = {"megatron@bucket_view=true": replace(config.engine, bucket_view=True)}
+    measurements, _ = measure_plans(model, "tiny", graph, plans, H200, config, engines)
+    for m, stem in zip(measurements, ["megatron_bucket_view_true", "torch-eager"], strict=True):
+        assert m.summary()["torch_trace"] == str(tmp_path / stem)
+        trace = load_trace(tmp_path / stem / "trace-rank0.json.gz")
+        marks = {e["name"] for e in trace["traceEvents"]
+                 if e.get("name", "").startswith("ProfilerStep#")}
+        assert len(marks) == 3 and any(e.get("name") == "aten::mm" for e in trace["traceEvents"])
+        summary = json.loads((tmp_path / stem / "kernel-time-rank0.json").read_text())
+        assert summary == {"steps": 3, "devices": {}}  # a CPU run launches no GPU kernels
+
+
 def test_a_plan_under_another_engine_is_measured_apart_from_itself():
     from mosaic.engine.session import EngineConfig
     from mosaic.perf.engine_term import engine_kind, row_engine

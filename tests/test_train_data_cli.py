@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 
 import pytest
+import torch
 
 from mosaic.cli import main
 from mosaic.engine.trainer import TrainConfig, TrainError, train
@@ -77,6 +78,26 @@ def test_torch_trace_covers_the_last_steps_of_every_rank(tmp_path):
     assert summarise_trace_dir(tmp_path) == [tmp_path / "kernel-time-rank0.json"]
     summary = json.loads((tmp_path / "kernel-time-rank0.json").read_text())
     assert summary == {"steps": 3, "devices": {}}  # a CPU run launches no GPU kernels
+
+
+def test_a_gpu_trace_waits_for_the_steps_in_flight_before_its_first_traced_step(monkeypatch):
+    """Steps run in flight: without a sync the kernels of the step before the window land in
+    the trace and every per-step time comes out high."""
+    from types import SimpleNamespace
+
+    from mosaic.engine.trainer import _WindowedTracer
+
+    prof = SimpleNamespace(step_num=0)
+    prof.step = lambda: setattr(prof, "step_num", prof.step_num + 1)
+    synced_at = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: synced_at.append(prof.step_num))
+    tracer = _WindowedTracer(prof, first_active=4, device=torch.device("cuda"))
+    for _ in range(7):
+        tracer.step()
+    assert synced_at == [3]  # after the warmup step (the 4th), before the profiler goes active
+    cpu = _WindowedTracer(prof, first_active=1, device=torch.device("cpu"))
+    cpu.step()
+    assert synced_at == [3]
 
 
 def test_a_run_resumes_from_the_checkpoint_before_a_corrupt_latest_one(tmp_path, capsys):

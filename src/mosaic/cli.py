@@ -152,6 +152,13 @@ def _out_dir(value: Path | None) -> Path | None:
     return None if value is None else check_out_dir(value, "--out")
 
 
+def _out_dir_of(option: str):
+    def check(value: Path | None) -> Path | None:
+        return None if value is None else check_out_dir(value, option)
+
+    return check
+
+
 def _out_file(option: str):
     def check(value: Path | None) -> Path | None:
         return None if value is None else check_out_file(value, option)
@@ -679,6 +686,10 @@ def bench(
                                             "runs, measures nothing")] = False,
     out: Annotated[Path | None, typer.Option(help="directory for results JSON and timelines",
                                              callback=_out_dir)] = None,
+    torch_trace: Annotated[Path | None, typer.Option(
+        "--torch-trace", help="also run 3 timed steps of each plan and user program under "
+        "torch.profiler: DIR/LABEL/trace-rank<r>.json.gz and its kernel time by class "
+        "(`mosaic kernel-time`)", callback=_out_dir_of("--torch-trace"))] = None,
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     """Plan MODEL with every planner and train each plan, and the user's own program (eager and
@@ -712,7 +723,8 @@ def bench(
                                              grads_in_graph=grads_in_graph,
                                              accumulation=accumulation),
                          user_programs=users, user_rounds=user_rounds,
-                         plans_at_once=plans_at_once)
+                         plans_at_once=plans_at_once,
+                         torch_trace_dir=str(torch_trace) if torch_trace else None)
     _log_progress()
     run = run_bench(zoo_model, graph, cluster, config, preset=str(preset), planners=names,
                     perf_model=str(perf_model), profile_db=profile_db,

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import json
 import logging
 import math
 import sys
@@ -28,6 +29,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -58,6 +60,7 @@ from mosaic.engine.tensor_parallel import full_tensor
 from mosaic.engine.timer import Timer
 from mosaic.engine.user_program import UserProgram
 from mosaic.errors import MosaicError
+from mosaic.files import portable_stem
 from mosaic.graph import MMGraph
 from mosaic.hardware import GPUSpec
 from mosaic.plan import Plan, gpu_memory_bytes, plan_key
@@ -140,6 +143,9 @@ class BenchConfig:
     before the next: for models whose plans' CUDA graph pools do not fit on the GPU together,
     at the price of no interleaving across groups. The user programs go with the first group,
     whose reference loss and gradients (kept on the host) judge every later group."""
+    torch_trace_dir: str | None = None
+    """Where each contender's TRACED_STEPS timed steps are written as a torch.profiler trace
+    (`<label>/trace-rank<r>.json.gz`) with its kernel time by class beside it (None: none)."""
 
     def __post_init__(self) -> None:
         if self.plans_at_once is not None and self.plans_at_once < 1:
@@ -188,6 +194,8 @@ class PlanMeasurement:
     """Bytes of the private memory pools the capture created (allocator segments outside the
     default pool; activations included, though freed after each replay): what plans
     measured side by side must fit together."""
+    torch_trace: str | None = None
+    """The directory of its torch.profiler trace and kernel-time summary (BenchConfig)."""
 
     @property
     def median_s(self) -> float:
@@ -205,7 +213,7 @@ class PlanMeasurement:
             "same_plan_as": self.same_plan_as, "engine_variant": self.engine_variant,
             "graph_memory_bytes": self.graph_memory_bytes,
             "graph_reserved_bytes": self.graph_reserved_bytes,
-            "graph_pool_bytes": self.graph_pool_bytes,
+            "graph_pool_bytes": self.graph_pool_bytes, "torch_trace": self.torch_trace,
             **self._launch_summary(),
             "traced_step": [{**e, "start_s": round(e["start_s"], 7), "end_s": round(e["end_s"], 7)}
                             for e in self.timeline],
@@ -615,8 +623,8 @@ def _timeline(s: _Setup, c: _Contender) -> list[dict[str, Any]]:
         for _ in range(TRACED_STEPS):
             _zero_grads(s)
             out = c.session.step(c.data)
-            if s.optimizer is not None:
-                s.optimizer.step()
+            if (optimizer := c.optimizer or s.optimizer) is not None:
+                optimizer.step()  # its own, for a plan that trains its own modules
             steps.append(runner.timeline(out))
     finally:
         runner.record_timeline = False
@@ -637,6 +645,30 @@ def median_events(steps: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
     return [{**same[0], "start_s": float(np.median([e["start_s"] for e in same])),
              "end_s": float(np.median([e["end_s"] for e in same]))}
             for same in by_key.values()]
+
+
+def _torch_trace(s: _Setup, c: _Contender, directory: str | None) -> str | None:
+    """TRACED_STEPS of `c`'s timed steps under torch.profiler, written per rank; the
+    directory. Each step ends in a sync, as when timed, so each holds its own kernels only."""
+    if directory is None:
+        return None
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    from mosaic.report.kernel_time import kernel_time, load_trace
+
+    out = Path(directory) / portable_stem(c.label)
+    out.mkdir(parents=True, exist_ok=True)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if s.device.type == "cuda"
+                                           else [])
+    with profile(activities=activities) as prof:
+        for i in range(TRACED_STEPS):  # the marks `mosaic kernel-time` counts steps by
+            with record_function(f"ProfilerStep#{i}"):
+                _one_step(s, c)
+    trace = out / f"trace-rank{s.dist.rank}.json.gz"
+    prof.export_chrome_trace(str(trace))
+    summary = kernel_time(load_trace(trace), steps=TRACED_STEPS)
+    (out / f"kernel-time-rank{s.dist.rank}.json").write_text(json.dumps(summary, indent=1))
+    return str(out)
 
 
 def _nvml_util(s: _Setup, c: _Contender, seconds: float) -> float | None:
@@ -777,6 +809,7 @@ def _measure_group(model, preset: str, graph: MMGraph, plans: dict[str, Plan], g
                 launch_times_s=[launch for _, launch in times[label]],
                 pool=c.session.pool.describe() if c.session else {},
                 timeline=_timeline(s, c), gpu_util=_nvml_util(s, c, config.nvml_seconds),
+                torch_trace=_torch_trace(s, c, config.torch_trace_dir),
                 grad_error=errors.get(label, {}), startup_s=c.startup_s,
                 engine_variant=variants.get(label) or None,
                 graph_memory_bytes=c.graph_memory_bytes,
