@@ -39,6 +39,49 @@ def test_only_the_large_weights_autocast_would_cast_turn_bf16():
     assert cast_weights_bf16([module], min_elements=1) == []  # already bf16: nothing more
 
 
+def test_one_modules_weights_gradients_and_states_are_updated_in_one_launch_as_one_by_one():
+    """cast_weights_bf16 lays a module's bf16 weights end to end and the engine's flat
+    gradient buffer their gradients, so the optimizer updates the module in one launch:
+    bit for bit what it computes a weight at a time."""
+    from mosaic.engine.comm import FlatGrads
+
+    torch.manual_seed(0)
+    modules = [nn.Sequential(nn.Linear(8, 8), nn.LayerNorm(8), nn.Linear(8, 4)),
+               nn.Sequential(nn.Linear(4, 6))]
+    loose = [nn.Sequential(nn.Linear(8, 8), nn.LayerNorm(8), nn.Linear(8, 4)),
+             nn.Sequential(nn.Linear(4, 6))]
+    for m, twin in zip(modules, loose, strict=True):
+        twin.load_state_dict(m.state_dict())
+    cast_weights_bf16(modules, min_elements=1)
+    for twin in loose:  # the same bf16 weights, each in its own tensor
+        for sub in twin.modules():
+            if isinstance(sub, nn.Linear):
+                sub.weight.data = sub.weight.data.to(torch.bfloat16)
+    flat = [FlatGrads(list(m.parameters())) for m in modules]
+    together = MainWeightsAdamW([q for m in modules for q in m.parameters()], LR,
+                                weight_decay=WEIGHT_DECAY)
+    apart = MainWeightsAdamW([q for m in loose for q in m.parameters()], LR,
+                             weight_decay=WEIGHT_DECAY)
+    assert [len(run) for run in apart.launch_runs()] == []  # no gradients yet
+    for step in range(3):
+        for grads in flat:
+            grads.attach()
+        for params in ([q for m in modules for q in m.parameters()],
+                       [q for m in loose for q in m.parameters()]):
+            for q, g in zip(params, _grads(params, step), strict=True):
+                if q.grad is None:
+                    q.grad = torch.zeros_like(q)
+                q.grad.copy_(g)
+        assert [len(run) for run in together.launch_runs()] == [2, 1]  # a launch a module
+        assert [len(run) for run in apart.launch_runs()] == [1, 1, 1]
+        together.step()
+        apart.step()
+    for a, b in zip([q for m in modules for q in m.parameters()],
+                    [q for m in loose for q in m.parameters()], strict=True):
+        assert a.dtype == b.dtype and torch.equal(a.detach(), b.detach())
+    assert all(torch.equal(a, b) for a, b in zip(together.mains, apart.mains, strict=True))
+
+
 def _grads(params, step):
     generator = torch.Generator().manual_seed(step)
     return [torch.randn(p.shape, generator=generator) for p in params]
