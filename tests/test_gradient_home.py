@@ -8,9 +8,11 @@ import pytest
 from mosaic.engine.runner import GradientHome, RunnerConfig, gradient_home
 
 
-def _home(plain=True, data_parallel=True, accumulating=False, **config) -> GradientHome:
+def _home(plain=True, data_parallel=True, accumulating=False, bf16_weights=False,
+          **config) -> GradientHome:
     return gradient_home(RunnerConfig(graphs=True, **config), plain=plain,
-                         data_parallel=data_parallel, accumulating=accumulating)
+                         data_parallel=data_parallel, accumulating=accumulating,
+                         bf16_weights=bf16_weights)
 
 
 @pytest.mark.parametrize(("kwargs", "want"), [
@@ -18,6 +20,11 @@ def _home(plain=True, data_parallel=True, accumulating=False, **config) -> Gradi
     ({"data_parallel": False}, GradientHome(flat=False, flat_sync=False, graph_mode="own")),
     ({"data_parallel": False, "accumulating": True},
      GradientHome(flat=True, flat_sync=False, graph_mode="add")),
+    # bf16 weights: copied end to end, so the optimizer updates the module in one launch
+    ({"data_parallel": False, "bf16_weights": True},
+     GradientHome(flat=True, flat_sync=False, graph_mode="copy")),
+    ({"data_parallel": False, "bf16_weights": True, "grads_in_graph": False},
+     GradientHome(flat=False, flat_sync=False, graph_mode=None)),
     # data-parallel under flat: the graph copies into the buffer one all-reduce sums
     ({"grad_sync": "flat"}, GradientHome(flat=True, flat_sync=True, graph_mode="copy")),
     ({"grad_sync": "flat", "accumulating": True},
