@@ -53,6 +53,35 @@ def test_the_captured_compiled_step_updates_as_the_eager_one():
         torch.testing.assert_close(weight, main.to(weight.dtype), rtol=0, atol=0)
 
 
+def test_a_module_updated_in_one_launch_on_the_gpu_as_on_the_cpu():
+    """The weights of a module end to end (cast_weights_bf16), their gradients in a flat
+    buffer rewritten in place: one compiled launch per module, captured, as the CPU's."""
+    from mosaic.engine.comm import FlatGrads
+    from mosaic.engine.main_weights import cast_weights_bf16
+
+    runs = {}
+    for device in ("cpu", "cuda"):
+        torch.manual_seed(0)
+        module = nn.Sequential(nn.Linear(512, 768), nn.LayerNorm(768), nn.Linear(768, 256))
+        module.to(device)
+        cast_weights_bf16([module])
+        flat = FlatGrads(list(module.parameters()))
+        optimizer = MainWeightsAdamW(list(module.parameters()), 1e-3, weight_decay=0.01)
+        for step in range(STEPS):
+            flat.attach()
+            generator = torch.Generator().manual_seed(step)
+            for q in module.parameters():
+                q.grad.copy_(torch.randn(q.shape, generator=generator))
+            assert [len(run) for run in optimizer.launch_runs()] == [2]
+            optimizer.step()
+        runs[device] = ([q.detach().cpu() for q in module.parameters()], optimizer)
+    assert len(runs["cuda"][1].graphs) == 1
+    for got, want in zip(runs["cuda"][0], runs["cpu"][0], strict=True):
+        torch.testing.assert_close(got.float(), want.float(), rtol=1e-2, atol=1e-5)
+    for got, want in zip(runs["cuda"][1].mains, runs["cpu"][1].mains, strict=True):
+        torch.testing.assert_close(got.cpu(), want, rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), None])
 def test_the_one_kernel_guard_checks_bf16_gradients_on_the_gpu(bad):
     """torch's AMP check has no CUDA kernel for bf16: the trainer's host-bound guard must
