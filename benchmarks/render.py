@@ -768,6 +768,24 @@ def main_weights_step(results: Path, arg: str | None) -> str:
                   "bf16 weights = main weights rounded"], rows)
 
 
+@renderer("main-weights-ceiling")
+def main_weights_ceiling(results: Path, arg: str | None) -> str:
+    """benchmarks/main_weights_kernel_ceiling.py's JSON files under results/ARG: the
+    main-weights update and fused AdamW over one model's weights, per tensor and flat, as
+    GPU time and the bandwidth it streamed."""
+    if not arg:
+        raise RenderError("main-weights-ceiling needs a directory under results/")
+    rows = []
+    for path in sorted((results / arg).glob("main_weights_kernel_ceiling_*.json")):
+        run = load(path)
+        for name, row in run["rows"].items():
+            rows.append([path.name, run["model"], run["preset"], name, str(row["tensors"]),
+                         f"{row['parameters'] / 1e9:.3f} B", f"{row['gpu_ms']:.2f}",
+                         f"{row['tb_per_s']:.2f}"])
+    return table(["file", "model", "preset", "update", "launches", "parameters", "GPU ms",
+                  "TB/s (28 bytes a parameter)"], rows)
+
+
 # --- checkpoint saves written before the next step or in the background ------------------------
 
 @renderer("checkpoint-background")
