@@ -166,7 +166,7 @@ def test_a_variant_plans_timeline_files_have_portable_names(tmp_path):
 
 
 def test_torch_trace_writes_each_contenders_timed_steps_under_its_portable_name(tmp_path):
-    from mosaic.report.kernel_time import load_trace
+    from mosaic.report.kernel_time import load_trace, summarise_trace_dir
 
     model = get_model("clip")
     graph = model.graph("tiny")
@@ -181,6 +181,7 @@ def test_torch_trace_writes_each_contenders_timed_steps_under_its_portable_name(
         marks = {e["name"] for e in trace["traceEvents"]
                  if e.get("name", "").startswith("ProfilerStep#")}
         assert len(marks) == 3 and any(e.get("name") == "aten::mm" for e in trace["traceEvents"])
+        assert summarise_trace_dir(tmp_path / stem) == [tmp_path / stem / "kernel-time-rank0.json"]
         summary = json.loads((tmp_path / stem / "kernel-time-rank0.json").read_text())
         assert summary == {"steps": 3, "devices": {}}  # a CPU run launches no GPU kernels
 

@@ -743,6 +743,11 @@ def bench(
         typer.echo(json.dumps(report, indent=2, default=str))
     else:
         print_bench_table(report)
+    if torch_trace is not None:
+        from mosaic.report.kernel_time import summarise_trace_dir
+
+        for directory in sorted(d for d in torch_trace.iterdir() if d.is_dir()):
+            summarise_trace_dir(directory)
     if run.interrupted is not None:
         _fail(f"bench {run.interrupted}; written to {out / 'bench.json'}", EXIT_INTERRUPTED)
     write_bench_timelines(report, run.measurements, out)

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import json
 import logging
 import math
 import sys
@@ -145,7 +144,8 @@ class BenchConfig:
     whose reference loss and gradients (kept on the host) judge every later group."""
     torch_trace_dir: str | None = None
     """Where each contender's TRACED_STEPS timed steps are written as a torch.profiler trace
-    (`<label>/trace-rank<r>.json.gz`) with its kernel time by class beside it (None: none)."""
+    (`<label>/trace-rank<r>.json.gz`; `mosaic bench` adds its kernel time by class beside
+    it). None: none."""
 
     def __post_init__(self) -> None:
         if self.plans_at_once is not None and self.plans_at_once < 1:
@@ -649,12 +649,11 @@ def median_events(steps: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
 
 def _torch_trace(s: _Setup, c: _Contender, directory: str | None) -> str | None:
     """TRACED_STEPS of `c`'s timed steps under torch.profiler, written per rank; the
-    directory. Each step ends in a sync, as when timed, so each holds its own kernels only."""
+    directory. Each step ends in a sync, as when timed, so each holds its own kernels only
+    (`mosaic bench` then summarises them, as `mosaic train --torch-trace` does)."""
     if directory is None:
         return None
     from torch.profiler import ProfilerActivity, profile, record_function
-
-    from mosaic.report.kernel_time import kernel_time, load_trace
 
     out = Path(directory) / portable_stem(c.label)
     out.mkdir(parents=True, exist_ok=True)
@@ -664,10 +663,7 @@ def _torch_trace(s: _Setup, c: _Contender, directory: str | None) -> str | None:
         for i in range(TRACED_STEPS):  # the marks `mosaic kernel-time` counts steps by
             with record_function(f"ProfilerStep#{i}"):
                 _one_step(s, c)
-    trace = out / f"trace-rank{s.dist.rank}.json.gz"
-    prof.export_chrome_trace(str(trace))
-    summary = kernel_time(load_trace(trace), steps=TRACED_STEPS)
-    (out / f"kernel-time-rank{s.dist.rank}.json").write_text(json.dumps(summary, indent=1))
+    prof.export_chrome_trace(str(out / f"trace-rank{s.dist.rank}.json.gz"))
     return str(out)
 
 
