@@ -213,9 +213,9 @@ def test_a_saved_state_loads_into_the_live_tensors_and_an_fp32_runs_state_is_ref
         second.load_state_dict(fp32_state.state_dict())
 
 
-@pytest.mark.parametrize("accumulation", [1, 2])
+@pytest.mark.parametrize(("accumulation", "background"), [(1, False), (2, False), (1, True)])
 def test_training_with_bf16_weights_resumes_exactly_and_an_fp32_run_refuses_its_checkpoint(
-        tmp_path, monkeypatch, accumulation):
+        tmp_path, monkeypatch, accumulation, background):
     """On the CPU under bf16 autocast (amp=True): the first loss is the fp32-weight run's
     (autocast computed with the same bf16 values); stopped after a checkpoint and resumed,
     the run continues the exact loss curve and weights (the checkpoint holds the fp32 main
@@ -237,7 +237,8 @@ def test_training_with_bf16_weights_resumes_exactly_and_an_fp32_run_refuses_its_
     assert whole.steps[0]["loss"] == train(TrainConfig(steps=1, engine=fp32, **common),
                                            model=model).steps[0]["loss"]
     assert any(p.dtype == torch.bfloat16 for m in whole.modules.values() for p in m.parameters())
-    ckpt = CheckpointConfig(directory=str(tmp_path / "ckpt"), every_steps=3)
+    # The states are views into flat buffers: saved (in the background too) as themselves.
+    ckpt = CheckpointConfig(directory=str(tmp_path / "ckpt"), every_steps=3, background=background)
     train(TrainConfig(steps=3, checkpoint=ckpt, engine=bf16, **common), model=model)
     resumed = train(TrainConfig(steps=6, checkpoint=ckpt, resume=True, engine=bf16, **common),
                     model=model)
