@@ -148,15 +148,14 @@ def _check_tensorboard(value: Path | None) -> Path | None:
     return _out_dir(value)
 
 
-def _out_dir(value: Path | None) -> Path | None:
-    return None if value is None else check_out_dir(value, "--out")
-
-
 def _out_dir_of(option: str):
     def check(value: Path | None) -> Path | None:
         return None if value is None else check_out_dir(value, option)
 
     return check
+
+
+_out_dir = _out_dir_of("--out")
 
 
 def _out_file(option: str):
