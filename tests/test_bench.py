@@ -348,9 +348,12 @@ def test_running_out_of_gpu_memory_names_the_phase_and_the_fix(monkeypatch):
     assert isinstance(caught.value.__cause__, torch.OutOfMemoryError)
 
 
-def overlapped_against_one_optimizer(device: str, graphs: bool, steps: int = 3):
+def overlapped_against_one_optimizer(device: str, graphs: bool, steps: int = 3,
+                                     bf16_weights: bool = False, planner: str = "mosaic"):
     """Parameters after `steps` steps of the same plan, stepped by one AdamW after the
-    backward and by an OverlappedOptimizer (per module, on the modules' streams on CUDA)."""
+    backward and by an OverlappedOptimizer (per module, on the modules' streams on CUDA);
+    with `bf16_weights`, MainWeightsAdamW over the modules' bf16 weights."""
+    from mosaic.engine.main_weights import MainWeightsAdamW, cast_weights_bf16
     from mosaic.engine.session import (
         EngineConfig,
         OverlappedOptimizer,
@@ -364,15 +367,24 @@ def overlapped_against_one_optimizer(device: str, graphs: bool, steps: int = 3):
 
     model = get_model("imagebind")
     graph = model.graph("tiny")
-    plan = _plans(graph)["mosaic"]
+    plan = _plans(graph)[planner]
     d = start_distributed(device)
     states, ready = {}, {}
     try:
         for kind in ("one", "overlapped"):
             modules = build_modules(model, "tiny", graph.names, 0, d.device)
-            session = RankSession.create(plan, graph, modules, d, H200, EngineConfig(graphs=graphs))
-            optimizer = (make_optimizer("adamw", session.parameters(), 1e-3) if kind == "one"
-                         else OverlappedOptimizer(session, "adamw", 1e-3))
+            if bf16_weights:
+                cast_weights_bf16(modules.values(), min_elements=1)  # tiny's weights are small
+            engine = EngineConfig(graphs=graphs, amp=True if bf16_weights else None,
+                                  bf16_weights=bf16_weights)
+            session = RankSession.create(plan, graph, modules, d, H200, engine)
+
+            def make(params):
+                return (MainWeightsAdamW(params, 1e-3) if bf16_weights
+                        else make_optimizer("adamw", params, 1e-3))
+
+            optimizer = (make(session.parameters()) if kind == "one"
+                         else OverlappedOptimizer(session, make))
             data = session.local_batch(make_batch(model, "tiny", graph.global_batch, 0, 0))
             for step in range(steps):
                 optimizer.zero_grad(set_to_none=True)
@@ -389,8 +401,10 @@ def overlapped_against_one_optimizer(device: str, graphs: bool, steps: int = 3):
     return states, ready, graph
 
 
-def test_the_overlapped_optimizer_updates_as_one_optimizer_does():
-    states, ready, _ = overlapped_against_one_optimizer("cpu", graphs=False)
+@pytest.mark.parametrize("bf16_weights", [False, True])
+def test_the_overlapped_optimizer_updates_as_one_optimizer_does(bf16_weights):
+    states, ready, _ = overlapped_against_one_optimizer("cpu", graphs=False,
+                                                        bf16_weights=bf16_weights)
     assert ready["overlapped"] == set()  # no streams on the CPU: every module steps after the join
     for name, want in states["one"].items():
         torch.testing.assert_close(states["overlapped"][name], want, rtol=0, atol=0, msg=name)

@@ -76,12 +76,17 @@ def test_nccl_processes_equal_one_process(tmp_path, graphs):
         check_case(tmp_path, name, toy, plan, 2, reference, rtol=1e-3, atol=1e-4)
 
 
-def test_overlapped_optimizer_steps_each_module_on_its_stream_as_one_optimizer_would():
-    """`--engine-variant optimizer_overlap=true`: each module's fused AdamW starts on the
-    module's stream when its backward ends; the parameters come out as one AdamW's."""
+@pytest.mark.parametrize("bf16_weights", [False, True])
+@pytest.mark.parametrize("planner", ["mosaic", "megatron"])
+def test_overlapped_optimizer_steps_each_module_on_its_stream_as_one_optimizer_would(
+        bf16_weights, planner):
+    """`--engine-variant optimizer_overlap=true`: each module's AdamW (fused, or over its bf16
+    weights' flat buffers) starts when its backward ends, on the module's stream or, in
+    megatron's temporal stages, on a side stream; the parameters come out as one optimizer's."""
     from tests.test_bench import overlapped_against_one_optimizer
 
-    states, ready, graph = overlapped_against_one_optimizer("cuda", graphs=True)
+    states, ready, graph = overlapped_against_one_optimizer(
+        "cuda", graphs=True, bf16_weights=bf16_weights, planner=planner)
     assert ready["overlapped"] == set(graph.names)  # one GPU, nothing summed: all final early
     for name, want in states["one"].items():
         torch.testing.assert_close(states["overlapped"][name], want, rtol=1e-6, atol=1e-7,

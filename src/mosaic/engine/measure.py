@@ -318,7 +318,8 @@ def _setup(model, preset: str, graph: MMGraph, plans: dict[str, Plan], gpu: GPUS
                 session = RankSession.create(plan, graph, modules, d, gpu, own_engine, views=views)
                 contenders[label] = _plan_contender(label, session, batch)
                 if own_engine.optimizer_overlap:  # its own optimizer state; same weights
-                    contenders[label].optimizer = OverlappedOptimizer(session, "adamw", config.lr)
+                    contenders[label].optimizer = OverlappedOptimizer(
+                        session, lambda params: make_optimizer("adamw", params, config.lr))
             contenders[label].startup_s = time.perf_counter() - start
     except BaseException:
         _close(contenders)
@@ -405,9 +406,13 @@ def _own_contender(label: str, plan: Plan, model, preset: str, graph: MMGraph, d
     session = RankSession.create(plan, graph, own, d, gpu, engine, views=views)
     contender = _plan_contender(label, session, batch)
     contender.modules = own
-    contender.optimizer = (MainWeightsAdamW(session.parameters(), config.lr)
-                           if engine.bf16_weights
-                           else make_optimizer("adamw", session.parameters(), config.lr))
+    def make(params: list[nn.Parameter]) -> torch.optim.Optimizer:
+        if engine.bf16_weights:
+            return MainWeightsAdamW(params, config.lr)
+        return make_optimizer("adamw", params, config.lr)
+
+    contender.optimizer = (OverlappedOptimizer(session, make) if engine.optimizer_overlap
+                           else make(session.parameters()))
     return contender
 
 

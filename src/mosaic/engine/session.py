@@ -65,9 +65,10 @@ class EngineConfig:
     """With 'ddp': gradients are views into DDP's buckets (no copy back after the all-reduce).
     Off until measured on the GPU (`mosaic bench --engine-variant bucket_view=true`)."""
     optimizer_overlap: bool = False
-    """One optimizer per module, each stepped on the module's stream as soon as its gradients
-    are final (OverlappedOptimizer), not one after every backward. `mosaic bench` only, until
-    measured on the GPU (`--engine-variant optimizer_overlap=true`)."""
+    """One optimizer per module, each stepped on the module's stream (a side stream for a
+    temporal stage's) as soon as its gradients are final (OverlappedOptimizer), not one after
+    every backward. `mosaic bench` only, until measured on the GPU
+    (`--engine-variant optimizer_overlap=true`)."""
     bf16_weights: bool = False
     """Weights of the GEMMs stored in bf16, fp32 main weights in the optimizer, which writes
     the bf16 weights as it updates (engine/main_weights.py): no autocast weight casts.
@@ -263,38 +264,55 @@ def make_optimizer(name: str, params: list[nn.Parameter], lr: float,
 
 
 class OverlappedOptimizer:
-    """One optimizer per module of `session`, each stepped on the stream that ran the module's
-    backward as soon as its gradients are final (StepOutput.grads_ready); the others, whose
-    gradients are summed after the join, on the caller's stream. The caller's stream then
-    waits for all of them, so the next step sees the new weights.
+    """One optimizer per module of `session`, each stepped as soon as the module's gradients
+    are final (StepOutput.grads_ready): on the module's own stream, or, for a module that ran
+    on the caller's stream (a temporal stage), on a side stream, so that its update runs under
+    the backward of the modules after it; the modules whose gradients are summed after the
+    join step on the caller's stream. The caller's stream then waits for all of them, so the
+    next step sees the new weights.
 
-    Why: the optimizer step is memory-bound (fused AdamW reads and writes about 28 bytes per
-    parameter) and one step after every backward runs alone on the GPU: about 8 of OFASys
-    `paper`'s 77 ms on the H200, while its encoders' backward, which starts when the LLM's
-    ends, uses only part of the SMs. The LLM's step can run under it."""
+    Why: the optimizer step is memory-bound (AdamW reads and writes 22-28 bytes per
+    parameter) and one step after every backward runs alone on the GPU: 24.7 ms of
+    Unified-IO 2 `paper`'s 74 ms with bf16 weights on the H200, nearly all of it the LLM's,
+    whose backward ends before the encoders' starts."""
 
-    def __init__(self, session: RankSession, name: str, lr: float,
-                 weight_decay: float = 0.0) -> None:
+    def __init__(self, session: RankSession,
+                 make: Callable[[list[nn.Parameter]], torch.optim.Optimizer]) -> None:
+        """`make` builds one module's optimizer from its trainable parameters (fused AdamW,
+        or MainWeightsAdamW over a module's bf16 weights)."""
         self.session = session
-        self.optimizers = {m: make_optimizer(name, params, lr, weight_decay)
-                           for m, module in session.runner.modules.items()
+        self.optimizers = {m: make(params) for m, module in session.runner.modules.items()
                            if (params := [p for p in module.parameters() if p.requires_grad])}
+        self._side: torch.cuda.Stream | None = None
 
     def step(self) -> None:
         ready = self.session.last_output.grads_ready if self.session.last_output else {}
+        caller = torch.cuda.current_stream() if ready else None
         finished = []
-        for m, optimizer in self.optimizers.items():
+        # In the order the gradients became final: one side stream runs its updates in turn,
+        # and the first module's must not queue behind the last one's backward.
+        order = [m for m in ready if m in self.optimizers]
+        order += [m for m in self.optimizers if m not in ready]
+        for m in order:
+            optimizer = self.optimizers[m]
             if m not in ready:
                 optimizer.step()
                 continue
             stream, event = ready[m]
+            if stream == caller:
+                stream = self._side_stream()
             with torch.cuda.stream(stream):
                 stream.wait_event(event)
                 optimizer.step()
                 finished.append(torch.cuda.Event())
                 finished[-1].record(stream)
         for event in finished:
-            torch.cuda.current_stream().wait_event(event)
+            caller.wait_event(event)
+
+    def _side_stream(self) -> torch.cuda.Stream:
+        if self._side is None:
+            self._side = torch.cuda.Stream()
+        return self._side
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         for optimizer in self.optimizers.values():
