@@ -25,6 +25,11 @@ def _home(plain=True, data_parallel=True, accumulating=False, bf16_weights=False
      GradientHome(flat=True, flat_sync=False, graph_mode="copy")),
     ({"data_parallel": False, "bf16_weights": True, "grads_in_graph": False},
      GradientHome(flat=False, flat_sync=False, graph_mode=None)),
+    # ... unless asked to leave them where the backward wrote them (a weight at a time)
+    ({"data_parallel": False, "bf16_weights": True, "bf16_flat_grads": False},
+     GradientHome(flat=False, flat_sync=False, graph_mode="own")),
+    ({"data_parallel": False, "accumulating": True, "bf16_weights": True,
+      "bf16_flat_grads": False}, GradientHome(flat=True, flat_sync=False, graph_mode="add")),
     # data-parallel under flat: the graph copies into the buffer one all-reduce sums
     ({"grad_sync": "flat"}, GradientHome(flat=True, flat_sync=True, graph_mode="copy")),
     ({"grad_sync": "flat", "accumulating": True},

@@ -142,6 +142,10 @@ def test_bf16_weights_is_a_variant_of_every_plan_refused_without_autocast_or_ada
     model = get_model("clip")
     graph = model.graph("tiny")
     plans = _plans(graph)
+    with pytest.raises(BenchError, match="set bf16_weights=True too"):
+        engine_variant(EngineConfig(amp=True), parse_variant("bf16_flat_grads=false"))
+    per_weight = parse_variant("bf16_weights=true,bf16_flat_grads=false")
+    assert not engine_variant(EngineConfig(amp=True), per_weight).runner_config().bf16_flat_grads
     settings = parse_variant("bf16_weights=true")
     assert settings == {"bf16_weights": True} and variant_applies(plans["megatron"], settings)
     with pytest.raises(BenchError, match="autocast"):

@@ -8,6 +8,7 @@ graph-captured optimizer step against the eager one on the CPU, and a plan train
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -98,12 +99,14 @@ def test_a_plan_with_bf16_weights_computes_what_the_fp32_user_program_does():
     model = get_model("clip")
     graph = model.graph("small", global_batch=32)
     plans = {k: p for k, p in one_gpu_plans(graph).items() if k == "partition"}
-    plans["partition@bf16_weights=true"] = plans["partition"]
+    per_weight = "partition@bf16_weights=true,bf16_flat_grads=false"
+    plans["partition@bf16_weights=true"] = plans[per_weight] = plans["partition"]
     config = BenchConfig(rounds=2, steps_per_round=3, warmup_steps=4, nvml_seconds=0,
                          engine=EngineConfig(graphs=True, compile="default"),
                          user_programs=("torch-eager",))
-    engines = {"partition@bf16_weights=true": EngineConfig(graphs=True, compile="default",
-                                                           bf16_weights=True)}
+    bf16 = EngineConfig(graphs=True, compile="default", bf16_weights=True)
+    engines = {"partition@bf16_weights=true": bf16,
+               per_weight: replace(bf16, bf16_flat_grads=False)}  # gradients left in place
     measurements, checks = measure_plans(model, "small", graph, plans, H200, config, engines)
     medians = {m.label: round(1e3 * m.median_s, 2) for m in measurements}
     errors = {m.label: max(m.grad_error.values()) for m in measurements}
@@ -111,6 +114,7 @@ def test_a_plan_with_bf16_weights_computes_what_the_fp32_user_program_does():
     assert all(math.isfinite(v) and v > 0 for v in medians.values())
     # bf16 weights are autocast's own rounding: gradients agree as closely as fp32 plans do
     assert errors["partition@bf16_weights=true"] <= max(2 * errors["partition"], 1e-2)
+    assert errors[per_weight] <= max(2 * errors["partition"], 1e-2)
     assert checks["gradients"]["reference"] == "torch-eager"
     torch.cuda.synchronize()
 

@@ -89,8 +89,9 @@ DEFAULT_USER_PROGRAMS = ("torch-eager", "torch-compile")
 BASELINES = ("megatron", "distmm", "spindle")
 USER_ROUNDS = ("interleaved", "apart")
 VARIANT_FIELDS = ("grad_sync", "reduce_dtype", "bucket_view", "grads_in_graph",
-                  "optimizer_overlap", "bf16_weights")
-_BOOL_FIELDS = ("bucket_view", "grads_in_graph", "optimizer_overlap", "bf16_weights")
+                  "optimizer_overlap", "bf16_weights", "bf16_flat_grads")
+_BOOL_FIELDS = ("bucket_view", "grads_in_graph", "optimizer_overlap", "bf16_weights",
+                "bf16_flat_grads")
 """Engine settings a bench may vary per contender: gradient synchronisation, the optimizer
 and the weights' precision (a bf16-weight contender trains its own copy of the modules)."""
 
@@ -382,7 +383,7 @@ def variant_applies(plan: Plan, settings: dict[str, Any]) -> bool:
     """Whether an engine variant changes how `plan` runs: gradient accumulation in the graphs,
     the optimizer's overlap and bf16 weights matter to every plan, the gradient-sync settings
     to data-parallel ones only."""
-    every_plan = {"grads_in_graph", "optimizer_overlap", "bf16_weights"}
+    every_plan = {"grads_in_graph", "optimizer_overlap", "bf16_weights", "bf16_flat_grads"}
     return bool(every_plan & set(settings)) or synchronises_gradients(plan)
 
 

@@ -76,6 +76,10 @@ class EngineConfig:
     Not sharded or tensor-parallel plans; data-parallel modules need reduce_dtype='bf16'
     (their bf16 gradients are summed in bf16); accumulated micro-steps add their gradients
     in fp32 (main_weights.MicroStepGradients)."""
+    bf16_flat_grads: bool = True
+    """With bf16_weights on one GPU, graphed: each module's gradients copied into one flat
+    buffer, updated in one launch; False: updated a weight at a time where they lie, no copy
+    (`--engine-variant bf16_weights=true,bf16_flat_grads=false` measures the two)."""
     grads_in_graph: bool = True
     """With graphs: each backward graph accumulates its module's parameter gradients itself
     (no per-parameter host work; engine/graphed.py), except where DDP synchronises them."""
@@ -94,6 +98,9 @@ class EngineConfig:
             raise SessionError(f"reduce_dtype={self.reduce_dtype!r}; use one of {sorted(REDUCE_DTYPES)}")
         if self.accumulation < 1:
             raise SessionError(f"accumulation={self.accumulation} must be >= 1")
+        if not self.bf16_flat_grads and not self.bf16_weights:
+            raise SessionError("bf16_flat_grads=False changes only bf16 weights' gradients: "
+                               "set bf16_weights=True too, or leave bf16_flat_grads on")
 
     def runner_config(self) -> RunnerConfig:
         """bf16 weights turn bf16 autocast on where amp is unset (on the CPU too): they need it,
@@ -102,7 +109,8 @@ class EngineConfig:
         return RunnerConfig(graphs=self.graphs, amp=amp, timeline=self.timeline,
                             grad_sync=self.grad_sync, reduce_dtype=self.reduce_dtype,
                             bucket_view=self.bucket_view, grads_in_graph=self.grads_in_graph,
-                            accumulates=self.accumulation > 1)
+                            accumulates=self.accumulation > 1,
+                            bf16_flat_grads=self.bf16_flat_grads)
 
 
 # --- the process and what it builds ----------------------------------------------------------
