@@ -395,13 +395,16 @@ def _compiled_one_gpu(report: dict[str, Any]) -> bool:
 
 def _latest_runs(results: Path) -> dict[tuple[str, str, int], tuple[Path, dict[str, Any]]]:
     """(model, preset, batch) -> the newest compiled one-GPU result with the user's
-    torch.compile program beside it, else the newest without; never a superseded one, one
+    torch.compile program beside it, else the newest without, preferring one that took the
+    batch in one step over one that accumulated micro-steps (an experiment on accumulation,
+    not the row's configuration); never a superseded one, one
     stopped before it measured every contender (`complete` false), nor one without mosaic's
     plan (a variant measured on a baseline's plan alone)."""
     from mosaic.perf.results import superseded
 
-    def rank(report: dict[str, Any]) -> tuple[bool, str]:
-        return user_baseline(report) is not None, report["date"]
+    def rank(report: dict[str, Any]) -> tuple[bool, bool, str]:
+        one_step = report.get("engine", {}).get("accumulation", 1) == 1
+        return user_baseline(report) is not None, one_step, report["date"]
 
     latest: dict[tuple[str, str, int], tuple[Path, dict[str, Any]]] = {}
     for path in _result_files(results, "."):

@@ -113,12 +113,14 @@ def test_iteration_error_block_states_the_verdict(tmp_path):
     assert "**FAIL**" in text and "| −30.0% |" in text and "target ≤ 10%" in text
 
 
-def _compiled_run(path, date, mosaic_ms, gpus=1, compile_mode="default", batch=128):
+def _compiled_run(path, date, mosaic_ms, gpus=1, compile_mode="default", batch=128,
+                  accumulation=1):
     rows = [plan_row("megatron", 22.0), plan_row("distmm", 21.0), plan_row("mosaic", mosaic_ms),
             plan_row("torch-compile", 23.1)]
     write_bench(path, rows, model="clip", gpus=gpus, batch=batch)
     report = json.loads(path.read_text())
-    report |= {"date": date, "engine": {"graphs": True, "compile": compile_mode}}
+    report |= {"date": date, "engine": {"graphs": True, "compile": compile_mode,
+                                        "accumulation": accumulation}}
     path.write_text(json.dumps(report))
 
 
@@ -136,6 +138,18 @@ def test_targets_table_takes_the_newest_compiled_one_gpu_run_per_batch(tmp_path)
         "new/bench.json", "2026-12-01", "21.21", "21.00 (distmm)", "23.10", "0.990x ✗",
         "1.089x ✗", "1.0% ✓"]
     assert len(lines) == 2 + 5 * 2 * 2  # every zoo model, both presets, 1x and 4x
+
+
+def test_targets_table_takes_a_newer_accumulated_run_only_without_a_one_step_one(tmp_path):
+    _compiled_run(tmp_path / "one-step" / "bench.json", "2026-12-01T00:00:00", 21.21)
+    _compiled_run(tmp_path / "micro" / "bench.json", "2026-12-02T00:00:00", 30.0, accumulation=4)
+
+    def row():
+        return next(line for line in render.targets_one_gpu(tmp_path, None).splitlines()
+                    if "128 (4x)" in line)
+    assert "one-step/bench.json" in row()
+    (tmp_path / "one-step" / "bench.json").unlink()
+    assert "micro/bench.json" in row()
 
 
 def test_a_user_program_compiled_by_blocks_is_no_baseline(tmp_path):
