@@ -85,8 +85,9 @@ def test_overlapped_optimizer_steps_each_module_on_its_stream_as_one_optimizer_w
     megatron's temporal stages, on a side stream; the parameters come out as one optimizer's."""
     from tests.test_bench import overlapped_against_one_optimizer
 
+    # Six steps: MainWeightsAdamW captures its update once the gradients stay put (step 4).
     states, ready, graph = overlapped_against_one_optimizer(
-        "cuda", graphs=True, bf16_weights=bf16_weights, planner=planner)
+        "cuda", graphs=True, steps=6, bf16_weights=bf16_weights, planner=planner)
     assert ready["overlapped"] == set(graph.names)  # one GPU, nothing summed: all final early
     for name, want in states["one"].items():
         torch.testing.assert_close(states["overlapped"][name], want, rtol=1e-6, atol=1e-7,
