@@ -7,8 +7,8 @@
 #  1. Unified-IO 2 `paper` b4, megatron's plan (the planner's): fp32; bf16 weights flat; bf16
 #     weights a weight at a time (`bf16_flat_grads=false`); the latter with the overlapped
 #     update; traced (update and copy kernels per step);
-#  2. the GPU test of the bf16 plans' gradients (flat and a weight at a time) against the
-#     fp32 user program;
+#  2. the GPU tests of the bf16 plans' gradients (flat and a weight at a time) against the
+#     fp32 user program, and of the overlapped optimizer over six steps (its captured update);
 #  3. Qwen3-VL `small` b8 the same ways beside the user's torch.compile program (the bf16
 #     column of the targets table; its row there predates the one-launch update).
 set -u
@@ -28,8 +28,9 @@ for dir in /tmp/u2trace/*/; do
   label=$(basename "$dir"); cp "$dir/kernel-time-rank0.json" "$OUT/kernel-time-u2-$label.json"
   echo "== $label"; python -m mosaic kernel-time "$dir/trace-rank0.json.gz" | head -n 7
 done
-timeout 120 python -m pytest -m gpu -q -p no:cacheprovider tests/gpu/test_main_weights_gpu.py \
-  -k fp32_user_program > "$OUT/gpu_tests_main_weights.log" 2>&1
+timeout 150 python -m pytest -m gpu -q -p no:cacheprovider tests/gpu/test_main_weights_gpu.py \
+  tests/gpu/test_engine_gpu.py -k "fp32_user_program or overlapped" \
+  > "$OUT/gpu_tests_main_weights.log" 2>&1
 echo "gpu tests rc=$?"; grep -E "passed|failed|^FAILED|Error" "$OUT/gpu_tests_main_weights.log" | tail -n 4
 name=bench_qwen3-vl_small_1gpu_b8_bf16_flat_or_per_weight
 timeout 200 python -m mosaic bench qwen3-vl --gpus 1 --preset small --batch 8 \
