@@ -223,6 +223,10 @@ def test_gradient_sync_settings_name_an_engine_only_where_gpus_synchronise():
     assert engine_kind(flat, 2) == "graphs+compile-default+flat+grads-in-graph"
     assert engine_kind(flat, 1) == "graphs+compile-default+grads-in-graph"
     assert engine_kind({**flat, "graphs": False}, 1) == "compile-default"
+    # DDP takes its modules' gradients from autograd: grads_in_graph changes nothing there
+    ddp = {**flat, "grad_sync": "ddp"}
+    assert engine_kind(ddp, 2) == "graphs+compile-default"
+    assert engine_kind(ddp, 1) == "graphs+compile-default+grads-in-graph"
 
 
 def test_the_default_gpu_engine_record_is_engineconfigs_default():

@@ -164,7 +164,8 @@ def engine_kind(engine: dict[str, Any] | None, gpus: int | None = None) -> str:
     one come from the older eager engine; otherwise 'graphs' and/or 'compile-<mode>', plus the
     gradient synchronisation when it is not the default DDP in fp32 ('flat', 'bucketed',
     'bf16-reduce'; only where several GPUs (`gpus`) could synchronise: on one GPU these
-    settings change nothing) and 'grads-in-graph' when backward graphs leave the gradients:
+    settings change nothing) and 'grads-in-graph' when backward graphs leave the gradients
+    (not under DDP on several GPUs, which takes them from autograd):
     each has its own host cost, so each gets its own term. 'bf16-weights' last, for an engine
     that keeps bf16 GEMM weights (it shares its fp32 twin's term: term_engine)."""
     if not engine:
@@ -173,12 +174,16 @@ def engine_kind(engine: dict[str, Any] | None, gpus: int | None = None) -> str:
         [f"compile-{engine['compile']}"] if engine.get("compile") else [])
     if engine.get("compile") and engine.get("compile_scope", "module") != "module":
         parts.append(f"{engine['compile_scope']}-scope")  # other kernels at block boundaries
-    if gpus is None or gpus > 1:
+    synchronising = gpus is None or gpus > 1
+    if synchronising:
         if engine.get("grad_sync", "ddp") != "ddp":
             parts.append(str(engine["grad_sync"]))
         if engine.get("reduce_dtype", "fp32") != "fp32":
             parts.append(f"{engine['reduce_dtype']}-reduce")
-    if engine.get("graphs") and engine.get("grads_in_graph"):
+    # DDP hooks autograd's AccumulateGrad, so its modules' graphs hand gradients to autograd
+    # (runner.gradient_home): on several GPUs under DDP, grads_in_graph changes nothing there.
+    ddp_syncs = gpus is not None and gpus > 1 and engine.get("grad_sync", "ddp") == "ddp"
+    if engine.get("graphs") and engine.get("grads_in_graph") and not ddp_syncs:
         parts.append("grads-in-graph")  # results before the field existed: False
     if engine.get("bf16_weights"):
         parts.append(BF16_WEIGHTS)
