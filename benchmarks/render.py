@@ -31,6 +31,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 DOC = ROOT / "BENCHMARKS.md"
+DOCS = (DOC, ROOT / "README.md")
+"""What `render.py` renders and checks unless told one --doc: the README's summary too."""
 if importlib.util.find_spec("mosaic") is None:  # run as a plain script, without PYTHONPATH=src
     sys.path.insert(0, str(ROOT / "src"))
 
@@ -451,10 +453,8 @@ def _bf16_weights_cell(report: dict[str, Any], row: dict[str, Any] | None) -> st
     as a torch.compile / FSDP user does."""
     if row is None:
         return "–"
-    rows = by_planner(report)
-    same = [rows[f"{name}@bf16_weights=true"] for name in BASELINES
-            if f"{name}@bf16_weights=true" in rows]
-    base = min(same, key=lambda r: r["measured_iteration_s"]) if same else best_baseline(report)
+    base = _bf16_baseline(report)
+    same = "@bf16_weights" in base["planner"]
     which = (f"{base['planner'].split('@')[0]} with bf16 weights" if same
              else f"{base['planner']}, fp32 weights")
     user = user_baseline(report)
@@ -491,6 +491,57 @@ def targets_one_gpu(results: Path, arg: str | None) -> str:
               f"≥{MFU_TARGET:.0%})",
               "mosaic with bf16 weights (`--engine-variant bf16_weights=true`), same run"]
     return table(header, rows)
+
+
+@renderer("measured-summary")
+def measured_summary(results: Path, arg: str | None) -> str:
+    """The README's table: every row of the targets table whose run measured the user's
+    torch.compile program, and mosaic's plan with bf16 weights where the run measured it too
+    (against the baselines' plans with bf16 weights where there are some)."""
+    latest = _latest_runs(results)
+    rows = []
+    for model in ONE_GPU_MODELS:
+        display = _DISPLAY.get(model, model)
+        for preset in ("small", "paper"):
+            for key in sorted(k for k in latest if k[:2] == (model, preset)):
+                path, report = latest[key]
+                user, plans = user_baseline(report), by_planner(report)
+                if user is None or "mosaic" not in plans:
+                    continue
+                name = display if preset == "small" else f"{display} (preset paper)"
+                rows.append(_summary_row(name, report, plans["mosaic"], best_baseline(report),
+                                         user))
+                bf16 = plans.get(BF16_MOSAIC)
+                if bf16 is not None:
+                    rows.append(_summary_row(f"{name}, bf16 weights", report, bf16,
+                                             _bf16_baseline(report), user))
+    return table(["model", "batch", "user's program, torch.compile", "best in-engine baseline",
+                  "mosaic", "mosaic vs torch.compile"], rows)
+
+
+_DISPLAY = {"clip": "CLIP", "imagebind": "ImageBind", "qwen3-vl": "Qwen3-VL",
+            "unified-io-2": "Unified-IO 2", "ofasys": "OFASys"}
+
+
+def _summary_row(name: str, report: dict[str, Any], row: dict[str, Any],
+                 base: dict[str, Any] | None, user: dict[str, Any]) -> list[str]:
+    value = mfu(report, row)
+    mosaic = f"**{ms(row['measured_iteration_s'])} ms**"
+    if report["preset"] == "paper" and value is not None:
+        mosaic += f" ({pct(value, signed=False)} MFU)"
+    with_bf16 = " (bf16 weights too)" if base and "@bf16_weights" in base["planner"] else ""
+    return [name, str(report["global_batch"]), f"{ms(user['measured_iteration_s'])} ms",
+            f"{ms(base['measured_iteration_s'])} ms{with_bf16}" if base else "–", mosaic,
+            f"{_ratio(user, row):.3f}x"]
+
+
+def _bf16_baseline(report: dict[str, Any]) -> dict[str, Any] | None:
+    """The fastest baseline plan with bf16 weights in `report`, else the fastest fp32 one."""
+    rows = by_planner(report)
+    same = [rows[f"{name}@bf16_weights=true"] for name in BASELINES
+            if f"{name}@bf16_weights=true" in rows]
+    return (min(same, key=lambda r: r["measured_iteration_s"]) if same
+            else best_baseline(report))
 
 
 def _unmeasured(model: str, preset: str, batch: int) -> str:
@@ -940,27 +991,33 @@ def render(text: str, results: Path = RESULTS) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="exit 1 if the document is stale")
-    parser.add_argument("--doc", type=Path, default=DOC)
+    parser.add_argument("--doc", type=Path, action="append",
+                        help="a document to render (repeatable; default: BENCHMARKS.md and "
+                             "README.md)")
     parser.add_argument("--results", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
+    return max(_render_doc(doc, args.results, args.check) for doc in args.doc or DOCS)
+
+
+def _render_doc(doc: Path, results: Path, check: bool) -> int:
     try:
-        text = args.doc.read_text()
-        new = render(text, args.results)
+        text = doc.read_text()
+        new = render(text, results)
     except (OSError, ValueError, KeyError) as exc:  # one line, not a traceback
         print(f"render: error: {exc!r}" if isinstance(exc, KeyError) else f"render: error: {exc}",
               file=sys.stderr)
         return 2
-    if args.check:
+    if check:
         if new == text:
             return 0
         sys.stderr.writelines(difflib.unified_diff(text.splitlines(True), new.splitlines(True),
-                                                   str(args.doc), "rendered from results/"))
-        print(f"{args.doc} differs from its data: run python benchmarks/render.py", file=sys.stderr)
+                                                   str(doc), "rendered from results/"))
+        print(f"{doc} differs from its data: run python benchmarks/render.py", file=sys.stderr)
         return 1
     if new != text:
-        args.doc.write_text(new)
+        doc.write_text(new)
     state = "updated" if new != text else "unchanged"
-    print(f"{args.doc}: {len(BLOCK.findall(text))} block(s), {state}")
+    print(f"{doc}: {len(BLOCK.findall(text))} block(s), {state}")
     return 0
 
 

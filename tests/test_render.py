@@ -152,6 +152,21 @@ def test_targets_table_takes_a_newer_accumulated_run_only_without_a_one_step_one
     assert "micro/bench.json" in row()
 
 
+def test_readme_summary_lists_runs_beside_torch_compile_and_their_bf16_rows(tmp_path):
+    _compiled_run(tmp_path / "new" / "bench.json", "2026-12-01T00:00:00", 21.21)
+    run = tmp_path / "bf16" / "bench.json"
+    _compiled_run(run, "2026-12-01T00:00:00", 20.0, batch=32)
+    report = json.loads(run.read_text())
+    report["results"] += [plan_row("mosaic@bf16_weights=true", 18.0),
+                          plan_row("megatron@bf16_weights=true", 19.8)]
+    run.write_text(json.dumps(report))
+    lines = render.measured_summary(tmp_path, None).splitlines()[2:]
+    assert [line.split(" | ")[:2] for line in lines] == [
+        ["| CLIP", "32"], ["| CLIP, bf16 weights", "32"], ["| CLIP", "128"]]
+    # 23.1 / 18.0 against torch-compile; the bf16 baseline is megatron's plan with bf16 weights
+    assert lines[1].endswith("| 19.80 ms (bf16 weights too) | **18.00 ms** | 1.283x |")
+
+
 def test_a_user_program_compiled_by_blocks_is_no_baseline(tmp_path):
     _compiled_run(tmp_path / "fair" / "bench.json", "2026-12-01T00:00:00", 21.21)
     blocks = tmp_path / "blocks" / "bench.json"
