@@ -174,8 +174,7 @@ def engine_kind(engine: dict[str, Any] | None, gpus: int | None = None) -> str:
         [f"compile-{engine['compile']}"] if engine.get("compile") else [])
     if engine.get("compile") and engine.get("compile_scope", "module") != "module":
         parts.append(f"{engine['compile_scope']}-scope")  # other kernels at block boundaries
-    synchronising = gpus is None or gpus > 1
-    if synchronising:
+    if gpus is None or gpus > 1:
         if engine.get("grad_sync", "ddp") != "ddp":
             parts.append(str(engine["grad_sync"]))
         if engine.get("reduce_dtype", "fp32") != "fp32":
