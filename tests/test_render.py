@@ -16,8 +16,8 @@ render = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(render)
 
 
-def test_check_passes_on_the_repos_benchmarks_md():
-    """CI's drift guard: run as a user would, from another directory."""
+def test_check_passes_on_the_repos_benchmarks_md_and_readme():
+    """CI's drift guard over both rendered documents: run as a user would, from elsewhere."""
     done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "render.py"), "--check"],
                           capture_output=True, text=True, cwd="/", timeout=60)
     assert done.returncode == 0, done.stderr[-3000:]
