@@ -504,7 +504,7 @@ def measured_summary(results: Path, arg: str | None) -> str:
         display = _DISPLAY.get(model, model)
         for preset in ("small", "paper"):
             for key in sorted(k for k in latest if k[:2] == (model, preset)):
-                path, report = latest[key]
+                _, report = latest[key]
                 user, plans = user_baseline(report), by_planner(report)
                 if user is None or "mosaic" not in plans:
                     continue

@@ -320,7 +320,7 @@ def _setup(model, preset: str, graph: MMGraph, plans: dict[str, Plan], gpu: GPUS
                 contenders[label] = _plan_contender(label, session, batch)
                 if own_engine.optimizer_overlap:  # its own optimizer state; same weights
                     contenders[label].optimizer = OverlappedOptimizer(
-                        session, lambda params: make_optimizer("adamw", params, config.lr))
+                        session, _optimizer_maker(own_engine, config.lr))
             contenders[label].startup_s = time.perf_counter() - start
     except BaseException:
         _close(contenders)
@@ -407,14 +407,21 @@ def _own_contender(label: str, plan: Plan, model, preset: str, graph: MMGraph, d
     session = RankSession.create(plan, graph, own, d, gpu, engine, views=views)
     contender = _plan_contender(label, session, batch)
     contender.modules = own
-    def make(params: list[nn.Parameter]) -> torch.optim.Optimizer:
-        if engine.bf16_weights:
-            return MainWeightsAdamW(params, config.lr)
-        return make_optimizer("adamw", params, config.lr)
-
+    make = _optimizer_maker(engine, config.lr)
     contender.optimizer = (OverlappedOptimizer(session, make) if engine.optimizer_overlap
                            else make(session.parameters()))
     return contender
+
+
+def _optimizer_maker(engine: EngineConfig, lr: float
+                     ) -> Callable[[list[nn.Parameter]], torch.optim.Optimizer]:
+    """What a contender of `engine` trains its parameters with: AdamW over fp32 main weights
+    where the weights are bf16, else torch's fused AdamW."""
+    def make(params: list[nn.Parameter]) -> torch.optim.Optimizer:
+        if engine.bf16_weights:
+            return MainWeightsAdamW(params, lr)
+        return make_optimizer("adamw", params, lr)
+    return make
 
 
 def _check_bf16_weights(label: str, plan: Plan, engine: EngineConfig) -> None:
