@@ -474,6 +474,31 @@ def test_a_bench_stopped_by_sigterm_keeps_the_groups_it_measured(monkeypatch):
     assert signal.getsignal(signal.SIGTERM) == before
 
 
+def test_a_bench_stopped_after_its_timed_rounds_keeps_their_times(monkeypatch):
+    """SIGTERM while the traced steps are taken, after the timed rounds (Qwen3-VL `small` on
+    the H200 lost three measured rounds so): the rounds' step times come back."""
+    import os
+    import signal
+
+    from mosaic.engine import measure
+
+    def stopped_while_tracing(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(measure, "_timeline", stopped_while_tracing)
+    model = get_model("clip")
+    graph = model.graph("tiny")
+    config = BenchConfig(rounds=2, steps_per_round=1, warmup_steps=0, nvml_seconds=0,
+                         user_programs=("torch-eager",))
+    with pytest.raises(measure.BenchInterrupted) as caught:
+        measure_plans(model, "tiny", graph, _plans(graph), H200, config)
+    stop = caught.value
+    assert stop.phase == "2 timed round(s) done"
+    assert {m.label for m in stop.measurements} == {"megatron", "mosaic", "torch-eager"}
+    assert all(len(m.step_times_s) == 2 and m.timeline == [] for m in stop.measurements)
+    assert stop.checks["gradients"]["tolerance"] > 0 and stop.checks["peak_memory_bytes"]
+
+
 @pytest.mark.slow
 def test_mosaic_bench_killed_by_a_time_limit_writes_what_it_had(tmp_path):
     """End to end: SIGTERM to a running `mosaic bench` (as `timeout` sends it) once it has

@@ -115,6 +115,9 @@ class _Terminated(BaseException):
     """Raised by the SIGTERM handler. Not an Exception: a module's compile falls back to eager
     on any Exception, and a time limit must stop the bench, not one module's compile."""
 
+    measured: tuple[list[PlanMeasurement], dict[str, Any]] | None = None
+    """A group's measurements and checks, set when the signal came after its timed rounds."""
+
 
 def _terminate() -> None:
     raise _Terminated
@@ -544,7 +547,7 @@ def _check_gradients(s: _Setup, names: list[str], stored: _Reference | None = No
     if unchecked:  # a plan-only bench on several ranks: the reference plan held other modules
         log.warning("gradients not compared (no rank held both): %s", unchecked)
         checks["unchecked"] = unchecked
-    _refuse_differing(errors, reference, checks["tolerance"])
+    _refuse_differing(errors, reference, checks)
     return errors, checks, ref
 
 
@@ -561,14 +564,19 @@ def _gradient_tolerance(s: _Setup, reference: str, errors: dict[str, dict[str, f
 
 
 def _refuse_differing(errors: dict[str, dict[str, float]], reference: str,
-                      tolerance: float) -> None:
+                      checks: dict[str, Any]) -> None:
+    tolerance, floor = checks["tolerance"], checks.get("noise_floor")
     for label, per_module in errors.items():
         bad = {m: e for m, e in per_module.items() if not e <= tolerance}
         if bad:
             worst = max(bad, key=bad.get)
+            every = ", ".join(f"{m} {e:.3g}" for m, e in per_module.items())
+            basis = (f"{GRAD_TOLERANCE_FACTOR:g} x torch-compile's difference {floor:.3g}"
+                     if floor is not None else "assumed for these kernels")
             raise BenchError(f"{label!r}: the gradient of module {worst!r} differs from "
                              f"{reference!r}'s by {bad[worst]:.3g} (relative; tolerance "
-                             f"{tolerance:.3g}) at the same weights; it computes something else")
+                             f"{tolerance:.3g}, {basis}) at the same weights; it computes "
+                             f"something else (every module: {every})")
 
 
 # --- timing ------------------------------------------------------------------------------------
@@ -747,7 +755,10 @@ def measure_plans(model, preset: str, graph: MMGraph, plans: dict[str, Plan], gp
                     keep_reference=len(groups) > 1)
                 results += measured
                 _add_group_checks(checks, group_checks)
-        except _Terminated:
+        except _Terminated as stop:
+            if stop.measured is not None:  # this group's timed rounds were done
+                results += stop.measured[0]
+                _add_group_checks(checks, stop.measured[1])
             checks.setdefault("compile", progress.compile.to_dict())
             raise BenchInterrupted(progress.last_phase, progress.elapsed_s(), results,
                                    checks) from None
@@ -810,20 +821,18 @@ def _measure_group(model, preset: str, graph: MMGraph, plans: dict[str, Plan], g
         checks["peak_memory_bytes"] = (None if peak is None else  # the fullest rank's
                                        int(_world_sum([float(peak)], s.device, "max")[0]))
         progress.say(s, f"{config.rounds} timed round(s) done")
-        results = []
-        for label, c in s.contenders.items():
-            results.append(PlanMeasurement(
-                label=label, plan=plans.get(label),
-                step_times_s=[step for step, _ in times[label]],
-                launch_times_s=[launch for _, launch in times[label]],
-                pool=c.session.pool.describe() if c.session else {},
-                timeline=_timeline(s, c), gpu_util=_nvml_util(s, c, config.nvml_seconds),
-                torch_trace=_torch_trace(s, c, config.torch_trace_dir),
-                grad_error=errors.get(label, {}), startup_s=c.startup_s,
-                engine_variant=variants.get(label) or None,
-                graph_memory_bytes=c.graph_memory_bytes,
-                graph_reserved_bytes=c.graph_reserved_bytes,
-                graph_pool_bytes=c.graph_pool_bytes))
+        results = [PlanMeasurement(
+            label=label, plan=plans.get(label), step_times_s=[step for step, _ in times[label]],
+            launch_times_s=[launch for _, launch in times[label]],
+            pool=c.session.pool.describe() if c.session else {}, grad_error=errors.get(label, {}),
+            startup_s=c.startup_s, engine_variant=variants.get(label) or None,
+            graph_memory_bytes=c.graph_memory_bytes, graph_reserved_bytes=c.graph_reserved_bytes,
+            graph_pool_bytes=c.graph_pool_bytes) for label, c in s.contenders.items()]
+        try:
+            _record_step_details(s, results, config)
+        except _Terminated as stop:  # the timed rounds are measured: a time limit keeps them
+            stop.measured = (results, checks)
+            raise
         progress.say(s, "one traced step and GPU utilisation per plan recorded")
         return results, checks, reference
     except torch.OutOfMemoryError as exc:
@@ -831,6 +840,16 @@ def _measure_group(model, preset: str, graph: MMGraph, plans: dict[str, Plan], g
     finally:
         _close(s.contenders)
         end_distributed(s.dist)
+
+
+def _record_step_details(s: _Setup, results: list[PlanMeasurement], config: BenchConfig) -> None:
+    """Each contender's module timeline, GPU utilisation and torch.profiler trace, taken after
+    the timed rounds (each runs steps of its own)."""
+    for m in results:
+        c = s.contenders[m.label]
+        m.timeline = _timeline(s, c)
+        m.gpu_util = _nvml_util(s, c, config.nvml_seconds)
+        m.torch_trace = _torch_trace(s, c, config.torch_trace_dir)
 
 
 def _capture(s: _Setup, progress: _Progress) -> None:
