@@ -1,0 +1,113 @@
+"""Per module: is the bf16 main-weights update cheaper over the engine's flat gradient
+buffer (one launch, after the backward copied each gradient into it) or a weight at a time
+(a launch per weight, the gradient read where the backward left it)?
+
+Both updates are captured as CUDA graphs, as in a training step, so the host's launches do
+not count; the gradient copy is captured too (one copy a weight, as the backward's). Times
+are GPU time by CUDA events, the median of TIMED replays after WARM.
+
+    PYTHONPATH=src python benchmarks/main_weights_flat_or_per_weight.py unified-io-2 paper \
+        --out OUT.json
+
+Prints a row per module: bf16 weights, their mean size, the per-weight update, the flat
+update, the gradient copy, and which is cheaper (flat costs update + copy).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+
+import torch
+
+from mosaic.engine.main_weights import MainWeightsAdamW, cast_weights_bf16
+from mosaic.zoo import get_model
+
+WARM, TIMED = 4, 20
+
+
+def _gpu_ms(fn) -> float:
+    """Median GPU time of `fn` (which replays a graph or steps a self-capturing optimizer)."""
+    times = []
+    for i in range(WARM + TIMED):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        if i >= WARM:
+            times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def _captured(fn):
+    """`fn` captured once as a CUDA graph; the graph's replay."""
+    fn()  # allocations and compiles happen before capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
+
+
+def _update_ms(params: list[torch.nn.Parameter], grads: list[torch.Tensor]) -> float:
+    for p, g in zip(params, grads, strict=True):
+        p.grad = g
+    optimizer = MainWeightsAdamW(params, 1e-5)  # captures its own step after a few
+    ms = _gpu_ms(optimizer.step)
+    assert optimizer.graphs, "the update was never captured"
+    return ms
+
+
+def measure_module(name: str, module: torch.nn.Module) -> dict | None:
+    params = [p for p in module.parameters() if p.dtype == torch.bfloat16 and p.requires_grad]
+    if not params:
+        return None
+    fresh = [torch.randn_like(p) * 1e-3 for p in params]  # where the backward leaves them
+    flat = torch.zeros(sum(p.numel() for p in params), dtype=torch.bfloat16, device="cuda")
+    views, start = [], 0
+    for p in params:
+        views.append(flat[start:start + p.numel()].view(p.shape))
+        start += p.numel()
+    per_weight = _update_ms(params, fresh)
+    one_launch = _update_ms(params, views)
+    copy = _gpu_ms(_captured(lambda: torch._foreach_copy_(views, fresh)))
+    n = sum(p.numel() for p in params)
+    return {"module": name, "bf16_weights": len(params), "bf16_parameters": n,
+            "mean_elements": n / len(params), "per_weight_ms": per_weight,
+            "flat_update_ms": one_launch, "gradient_copy_ms": copy,
+            "flat_total_ms": one_launch + copy,
+            "cheaper": "per-weight" if per_weight < one_launch + copy else "flat"}
+
+
+def measure(model_name: str, preset: str) -> dict:
+    model = get_model(model_name)
+    modules = model.build_modules(preset, torch.device("cuda"), torch.float32,
+                                  names=model.graph(preset).names, seed=0)
+    cast_weights_bf16(modules.values())
+    rows = [row for name, m in modules.items() if (row := measure_module(name, m))]
+    return {"model": model_name, "preset": preset, "device": torch.cuda.get_device_name(),
+            "torch": torch.__version__, "modules": rows}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("model")
+    parser.add_argument("preset")
+    parser.add_argument("--out")
+    args = parser.parse_args()
+    result = measure(args.model, args.preset)
+    print(f"{result['model']} {result['preset']}: module, bf16 weights, mean elements, "
+          "per-weight ms, flat update ms, copy ms, cheaper")
+    for r in result["modules"]:
+        print(f"  {r['module']:<10} {r['bf16_weights']:>4} {r['mean_elements'] / 1e6:8.2f}M "
+              f"{r['per_weight_ms']:7.3f} {r['flat_update_ms']:7.3f} "
+              f"{r['gradient_copy_ms']:7.3f}  {r['cheaper']}")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
