@@ -538,3 +538,29 @@ def test_graph_pools_are_the_segments_outside_the_default_pool_on_that_gpu():
     assert private_pool_bytes(segments, 0) == 35
     assert private_pool_bytes(segments, 1) == 70
     assert private_pool_bytes([], 0) == 0
+
+
+def test_a_contender_of_other_kernels_is_held_to_the_eager_vs_compiled_floor():
+    """Against a compiled fp32 reference, torch-compile (the same kernels) differs by 0.0007
+    (Qwen3-VL `small` b8, H200), bf16-weight plans (other kernels) by 0.019, as compiled
+    programs from eager ones: those get the eager-vs-compiled tolerance, the rest stay tight,
+    and a dropped gradient is refused either way."""
+    from types import SimpleNamespace
+
+    from mosaic.engine import measure
+
+    s = SimpleNamespace(device=torch.device("cuda"), engine=SimpleNamespace(compile="default"))
+    errors = {"megatron": {"llm": 0.0}, "torch-compile": {"llm": 0.0007},
+              "megatron@bf16_weights=true": {"llm": 0.019}}
+    checks = measure._gradient_tolerance(s, "megatron", errors)
+    assert checks["tolerance"] == pytest.approx(0.0028)
+    assert checks["tolerance_other_kernels"] == pytest.approx(4 * measure.COMPILED_NOISE_FLOOR)
+    checks["other_kernels"] = ["megatron@bf16_weights=true"]
+    measure._refuse_differing(errors, "megatron", checks)
+    with pytest.raises(measure.BenchError, match=r"'llm' differs .* by 0.019 .*tolerance 0.0028"):
+        measure._refuse_differing({"mosaic": {"llm": 0.019}}, "megatron", checks)
+    with pytest.raises(measure.BenchError, match="every module: vision 1, llm 0.01"):
+        measure._refuse_differing({"megatron@bf16_weights=true": {"vision": 1.0, "llm": 0.01}},
+                                  "megatron", checks)
+    eager = measure._gradient_tolerance(s, "torch-eager", {"torch-compile": {"llm": 0.02}})
+    assert eager["tolerance_other_kernels"] == eager["tolerance"] == pytest.approx(0.08)

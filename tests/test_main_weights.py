@@ -154,9 +154,11 @@ def test_bf16_weights_is_a_variant_of_every_plan_refused_without_autocast_or_ada
     config = BenchConfig(rounds=1, steps_per_round=1, warmup_steps=0, nvml_seconds=0,
                          user_programs=(), engine=EngineConfig(amp=True))  # as on a GPU
     engines = {"mosaic@bf16_weights=true": replace(config.engine, bf16_weights=True)}
-    measurements, _ = measure_plans(model, "tiny", graph, plans, H200, config, engines)
+    measurements, checks = measure_plans(model, "tiny", graph, plans, H200, config, engines)
     row = {m.label: m for m in measurements}["mosaic@bf16_weights=true"]  # autocast on: CPU too
     assert row.engine_variant == {"bf16_weights": True} and row.median_s > 0
+    assert checks["gradients"]["other_kernels"] == ["mosaic@bf16_weights=true"]
+    assert checks["gradients"]["reference_kernels"] == "fp32 weights"
     with pytest.raises(TrainError, match="use adamw"):
         TrainConfig(model="clip", preset="tiny", plan=plans["mosaic"], optimizer="sgd",
                     engine=EngineConfig(bf16_weights=True))

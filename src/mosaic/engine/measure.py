@@ -547,32 +547,56 @@ def _check_gradients(s: _Setup, names: list[str], stored: _Reference | None = No
     if unchecked:  # a plan-only bench on several ranks: the reference plan held other modules
         log.warning("gradients not compared (no rank held both): %s", unchecked)
         checks["unchecked"] = unchecked
+    if "reference_kernels" not in checks:
+        checks["reference_kernels"] = _kernel_class(s.contenders[reference])
+    checks["other_kernels"] = [label for label in labels if _kernel_class(s.contenders[label])
+                               != checks["reference_kernels"]]
     _refuse_differing(errors, reference, checks)
     return errors, checks, ref
 
 
+def _kernel_class(c: _Contender) -> str:
+    """bf16 weights compile other kernels than fp32 weights under autocast (no weight casts,
+    other fusions), so their gradients differ from an fp32 contender's as much as compiled
+    ones from eager ones (Qwen3-VL `small` b8 on the H200: 0.019 and 0.020 per module; fp32
+    compiled plans from each other 0.0007)."""
+    bf16 = c.session is not None and c.session.config.bf16_weights  # alike on every rank
+    return "bf16 weights" if bf16 else "fp32 weights"
+
+
 def _gradient_tolerance(s: _Setup, reference: str, errors: dict[str, dict[str, float]]) -> dict:
     """The tolerance: a multiple of the eager-vs-compiled difference measured in this run
-    (torch-compile against torch-eager), else of the difference assumed for these kernels."""
+    (torch-compile against torch-eager), else of the difference assumed for these kernels.
+    Against a compiled reference, torch-compile's difference is that of the same kernels, so
+    it bounds only contenders of the reference's kernel class; the others (`_kernel_class`)
+    get `tolerance_other_kernels`, from the eager-vs-compiled difference assumed."""
     floor = max(errors["torch-compile"].values(), default=0.0) if "torch-compile" in errors \
         else None
     assumed = (0.0 if s.device.type == "cpu" else
                COMPILED_NOISE_FLOOR if s.engine.compile else LOSS_TOLERANCE / GRAD_TOLERANCE_FACTOR)
-    tolerance = min(GRAD_TOLERANCE_MAX, max(GRAD_TOLERANCE_MIN, GRAD_TOLERANCE_FACTOR
-                                            * (assumed if floor is None else floor)))
-    return {"reference": reference, "noise_floor": floor, "tolerance": tolerance}
+    tolerance = _tolerance(assumed if floor is None else floor)
+    same_kernels = s.engine.compile and reference != "torch-eager" and floor is not None
+    return {"reference": reference, "noise_floor": floor, "tolerance": tolerance,
+            "tolerance_other_kernels": max(tolerance, _tolerance(assumed)) if same_kernels
+            else tolerance}
+
+
+def _tolerance(floor: float) -> float:
+    return min(GRAD_TOLERANCE_MAX, max(GRAD_TOLERANCE_MIN, GRAD_TOLERANCE_FACTOR * floor))
 
 
 def _refuse_differing(errors: dict[str, dict[str, float]], reference: str,
                       checks: dict[str, Any]) -> None:
-    tolerance, floor = checks["tolerance"], checks.get("noise_floor")
+    floor = checks.get("noise_floor")
     for label, per_module in errors.items():
+        other = label in checks.get("other_kernels", ())
+        tolerance = checks["tolerance_other_kernels" if other else "tolerance"]
         bad = {m: e for m, e in per_module.items() if not e <= tolerance}
         if bad:
             worst = max(bad, key=bad.get)
             every = ", ".join(f"{m} {e:.3g}" for m, e in per_module.items())
             basis = (f"{GRAD_TOLERANCE_FACTOR:g} x torch-compile's difference {floor:.3g}"
-                     if floor is not None else "assumed for these kernels")
+                     if floor is not None and not other else "assumed for these kernels")
             raise BenchError(f"{label!r}: the gradient of module {worst!r} differs from "
                              f"{reference!r}'s by {bad[worst]:.3g} (relative; tolerance "
                              f"{tolerance:.3g}, {basis}) at the same weights; it computes "
@@ -875,7 +899,8 @@ def _checked_gradients(s: _Setup, names: list[str], reference: _Reference | None
     if reference is not None and reference.grad_label is None:
         reference.grad_label = checks["reference"]
         reference.grad_checks = {key: checks[key]
-                                 for key in ("reference", "noise_floor", "tolerance")}
+                                 for key in ("reference", "noise_floor", "tolerance",
+                                             "tolerance_other_kernels", "reference_kernels")}
         reference.grads = {name: g.cpu() for name, g in ref_grads.items()}
     return errors, checks
 
