@@ -124,6 +124,8 @@ def test_click_usage_errors_are_one_line_too(cli):
     (["plan", "qwen3-vl", "--gpus", "16"], ["--gpus 16", "more than 6 GPUs", "--batch 6"]),
     (["plan", "clip", "--gpus", "12"], ["--gpus 12", "whole number"]),
     (["plan", "clip", "--batch", "0"], ["--batch"]),
+    (["train", "clip", "--preset", "tiny", "--no-bf16-flat-grads"],
+     ["--no-bf16-flat-grads", "add --bf16-weights"]),
     (["bench-planner", "--modules", "0"], ["--modules"]),
     (["bench-planner", "--gpus", "0"], ["--gpus"]),
     (["bench-planner", "--gpus", "12"], ["--gpus 12", "whole number"]),

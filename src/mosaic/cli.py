@@ -439,6 +439,12 @@ def train(
                                                "weights in AdamW (no autocast weight casts; "
                                                "data-parallel plans need --reduce-dtype bf16; "
                                                "not sharded or tensor-parallel ones)")] = False,
+    bf16_flat_grads: Annotated[bool, typer.Option(help="with --bf16-weights: each module's bf16 "
+                                                  "gradients copied into one buffer and updated "
+                                                  "in one launch (Qwen3-VL small b8 1.08x on the "
+                                                  "H200), or, --no-bf16-flat-grads, updated where "
+                                                  "the backward left them, a weight at a time "
+                                                  "(Unified-IO 2 paper b4 1.035x)")] = True,
     checkpoint_dir: Annotated[Path | None, typer.Option(help="directory for atomic checkpoints (torch.distributed.checkpoint)")] = None,
     checkpoint_every: Annotated[int, typer.Option(help="checkpoint every K steps (and at the end); 0: only at the end")] = 0,
     checkpoint_background: Annotated[bool, typer.Option(help="write checkpoints in a background thread: a step waits only for the copy to host memory; a checkpoint counts once every rank wrote it")] = False,
@@ -487,6 +493,9 @@ def train(
     if autotune and plan_file is not None:
         raise OptionError("--autotune picks the plan by measurement, --plan gives one; pass one "
                           "of them")
+    if not bf16_flat_grads and not bf16_weights:
+        raise OptionError("--no-bf16-flat-grads changes how bf16 weights are updated: add "
+                          "--bf16-weights, or drop it")
 
     from mosaic.data import check_dataset
     from mosaic.engine.checkpoint import CheckpointConfig
@@ -501,7 +510,7 @@ def train(
                               grad_sync=grad_sync,
                               reduce_dtype=reduce_dtype, grads_in_graph=grads_in_graph,
                               accumulation=accumulation, bf16_weights=bf16_weights,
-                              timeline=out is not None)
+                              bf16_flat_grads=bf16_flat_grads, timeline=out is not None)
         plan_obj = None if plan_file is not None else _training_plan(
             model, str(preset), batch, gpus or d.world_size, hardware, planner,
             str(perf_model), profile_db, autotune, engine, d)

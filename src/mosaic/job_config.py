@@ -7,7 +7,7 @@ A TOML file (tomllib; `.yaml` / `.yml` through pyyaml) of sections mapping onto 
     [train]   steps, lr, seed, batch, preset, data
     [plan]    planner, gpus, file, hardware, perf_model, profile_db
     [engine]  graphs, compile, compile_scope, grad_sync, reduce_dtype, grads_in_graph,
-              accumulation, bf16_weights
+              accumulation, bf16_weights, bf16_flat_grads
     [checkpoint] dir, every, resume
     [run]     out, overwrite, metrics, tensorboard, torch_trace
 
@@ -47,6 +47,7 @@ FIELDS: dict[str, tuple[str, type]] = {
     "engine.grad_sync": ("grad_sync", str), "engine.reduce_dtype": ("reduce_dtype", str),
     "engine.grads_in_graph": ("grads_in_graph", bool), "engine.accumulation": ("accumulation", int),
     "engine.bf16_weights": ("bf16_weights", bool),
+    "engine.bf16_flat_grads": ("bf16_flat_grads", bool),
     "checkpoint.dir": ("checkpoint_dir", Path), "checkpoint.every": ("checkpoint_every", int),
     "checkpoint.resume": ("resume", ResumeMode),
     "checkpoint.background": ("checkpoint_background", bool),
