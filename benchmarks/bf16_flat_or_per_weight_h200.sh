@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# PREPARED, NOT YET RUN. One H200, one device call (under 10 minutes), results under $1.
+# One H200, one device call (under 10 minutes), results under $1. Ran 2026-12-03: results in
+# benchmarks/results/bf16-flat-or-per-weight-h200/ (the Qwen3-VL part outlasted its 200 s
+# compiling on a fresh machine; bf16_update_per_module_h200.sh measured it again).
 # Unified-IO 2 `paper` b4 with bf16 weights ran 72.10 ms when its optimizer went a weight at a
 # time (2026-12-02) and 74.4-74.6 ms in three runs since it updates each module in one launch
 # over flat buffers, whose gradients the backward graph copies (copy/cast +4.1 ms a step in

@@ -840,6 +840,27 @@ def main_weights_ceiling(results: Path, arg: str | None) -> str:
                   "TB/s (28 bytes a parameter)"], rows)
 
 
+@renderer("main-weights-layout")
+def main_weights_layout(results: Path, arg: str | None) -> str:
+    """benchmarks/main_weights_flat_or_per_weight.py's JSON files under results/ARG: per
+    module, the captured main-weights update a weight at a time against one launch over the
+    flat gradient buffer plus the backward's copy into it."""
+    if not arg:
+        raise RenderError("main-weights-layout needs a directory under results/")
+    rows = []
+    for path in sorted((results / arg).glob("main_weights_flat_or_per_weight_*.json")):
+        run = load(path)
+        for m in run["modules"]:
+            rows.append([run["model"], run["preset"], m["module"], str(m["bf16_weights"]),
+                         f"{m['bf16_parameters'] / 1e6:.0f} M", f"{m['mean_elements'] / 1e6:.2f} M",
+                         f"{m['per_weight_ms']:.3f}", f"{m['flat_update_ms']:.3f}",
+                         f"{m['gradient_copy_ms']:.3f}",
+                         f"{m['per_weight_ms'] / m['flat_update_ms']:.2f}x", m["cheaper"]])
+    return table(["model", "preset", "module", "bf16 weights", "parameters", "mean size",
+                  "a weight at a time, ms", "flat, one launch, ms", "gradient copy, ms",
+                  "per-weight / flat update", "cheaper (flat: update + copy)"], rows)
+
+
 # --- checkpoint saves written before the next step or in the background ------------------------
 
 @renderer("checkpoint-background")
