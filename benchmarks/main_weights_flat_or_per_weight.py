@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 
 import torch
 
+from main_weights_kernel_ceiling import gpu_ms  # this folder: scripts run from it
 from mosaic.engine.main_weights import MainWeightsAdamW, cast_weights_bf16
 from mosaic.zoo import get_model
 
@@ -30,16 +30,7 @@ WARM, TIMED = 4, 20
 
 def _gpu_ms(fn) -> float:
     """Median GPU time of `fn` (which replays a graph or steps a self-capturing optimizer)."""
-    times = []
-    for i in range(WARM + TIMED):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        if i >= WARM:
-            times.append(start.elapsed_time(end))
-    return statistics.median(times)
+    return gpu_ms(fn, WARM, TIMED)
 
 
 def _captured(fn):

@@ -29,15 +29,16 @@ MAIN_WEIGHT_BYTES = 28  # reads main 4, grad 2, moments 8; writes main 4, moment
 FUSED_BYTES = 28  # reads weight 4, grad 4, moments 8; writes weight 4, moments 8
 
 
-def _gpu_ms(fn) -> float:
+def gpu_ms(fn, warm: int = WARM, timed: int = TIMED) -> float:
+    """Median GPU time of `fn` (CUDA events) over `timed` calls after `warm`."""
     times = []
-    for i in range(WARM + TIMED):
+    for i in range(warm + timed):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         fn()
         end.record()
         torch.cuda.synchronize()
-        if i >= WARM:
+        if i >= warm:
             times.append(start.elapsed_time(end))
     return statistics.median(times)
 
@@ -59,7 +60,7 @@ def _main_weights(sizes: list[int], update) -> float:
         for s in states:
             update(s["main"], s["grad"], s["exp_avg"], s["exp_avg_sq"], s["weight"],
                    scalar["lr"], scalar["step_size"], scalar["bias2_sqrt"], scalar["found_inf"])
-    return _gpu_ms(step)
+    return gpu_ms(step)
 
 
 def _triton_update():
@@ -100,7 +101,7 @@ def _fused(sizes: list[int]) -> float:
     for p in params:
         p.grad = torch.randn_like(p) * 1e-3
     optimizer = torch.optim.AdamW(params, lr=1e-5, fused=True)
-    return _gpu_ms(optimizer.step)
+    return gpu_ms(optimizer.step)
 
 
 def measure(model_name: str, preset: str) -> dict:

@@ -10,7 +10,8 @@ SCRIPTS = sorted((Path(__file__).parents[1] / "benchmarks").glob("*.py"))
 
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
-def test_benchmark_script_imports(script):
+def test_benchmark_script_imports(script, monkeypatch):
+    monkeypatch.syspath_prepend(str(script.parent))  # `python benchmarks/x.py` puts it there
     spec = importlib.util.spec_from_file_location(f"bench_{script.stem}", script)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)  # `if __name__ == "__main__"` keeps main() from running
