@@ -564,3 +564,37 @@ def test_a_contender_of_other_kernels_is_held_to_the_eager_vs_compiled_floor():
                                   "megatron", checks)
     eager = measure._gradient_tolerance(s, "torch-eager", {"torch-compile": {"llm": 0.02}})
     assert eager["tolerance_other_kernels"] == eager["tolerance"] == pytest.approx(0.08)
+
+
+def test_a_refused_bench_writes_the_groups_before_and_every_difference(tmp_path, monkeypatch,
+                                                                       capsys):
+    """`mosaic bench` refusing a plan whose gradients differ exits 2 and still writes
+    bench.json: the groups measured before it, the refusal, and every contender's per-module
+    differences (a refusal on the H200 once left an empty file, so noise could not be told
+    from a defect)."""
+    from mosaic.cli import main
+    from mosaic.engine.runner import PlanRunner
+
+    real_step = PlanRunner.step
+
+    def drop_text_grads(self, data, **kwargs):
+        out = real_step(self, data, **kwargs)
+        if self.plan.planner == "mosaic":
+            for p in self.modules["text"].parameters():
+                p.grad = None
+        return out
+
+    monkeypatch.setattr(PlanRunner, "step", drop_text_grads)
+    out = tmp_path / "run"
+    with pytest.raises(SystemExit) as code:
+        main(["bench", "clip", "--preset", "tiny", "--planners", "megatron,mosaic",
+              "--perf-model", "analytic", "--cpu-smoke", "--user-programs", "",
+              "--plans-at-once", "1", "--out", str(out)])
+    assert code.value.code == 2
+    assert "refused 'mosaic'" in capsys.readouterr().err
+    report = json.loads((out / "bench.json").read_text())
+    assert report["complete"] is False
+    assert report["refused"]["contender"] == "mosaic" and report["refused"]["module"] == "text"
+    assert [r["planner"] for r in report["results"]] == ["megatron"]
+    differences = report["checks"]["gradients"]["differences"]
+    assert differences["mosaic"]["text"] == pytest.approx(1.0)

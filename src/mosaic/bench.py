@@ -21,6 +21,7 @@ from mosaic.engine.measure import (
     BenchConfig,
     BenchError,
     BenchInterrupted,
+    GradientsDiffer,
     PlanMeasurement,
     bench_report,
     engine_variant,
@@ -50,6 +51,10 @@ class BenchRun:
     interrupted: BenchInterrupted | None = None
     """Set when SIGTERM stopped the measurement: the report holds what was measured by then
     (`complete` false, `interrupted` says after which phase)."""
+    refused: GradientsDiffer | None = None
+    """Set when a contender's gradients differed from the reference's: the report holds the
+    groups measured before and every contender's differences (`complete` false, `refused`
+    names the contender and module)."""
 
 
 def perf_model_for(name: str, cluster: ClusterSpec, preset: str, db: str | Path | None,
@@ -113,20 +118,24 @@ def run_bench(model: Any, graph: MMGraph, cluster: ClusterSpec, config: BenchCon
                            if autotune else (None, None))
         if tuned is not None:
             measured["autotune"] = tuned.plan
-        interrupted = None
+        interrupted = refused = None
         try:
             measurements, checks = measure_plans(model, preset, graph, measured, cluster.gpu,
                                                  config, engines)
         except BenchInterrupted as stop:
             interrupted, measurements, checks = stop, stop.measurements, stop.checks
+        except GradientsDiffer as differ:
+            refused, measurements, checks = differ, differ.measurements, differ.checks
     finally:
         end_distributed(d)
     report = _report(graph, measurements, cluster, preset, perf, checks, tuned, config)
-    report["complete"] = interrupted is None
+    report["complete"] = interrupted is None and refused is None
     if interrupted is not None:
         report["interrupted"] = {"signal": "SIGTERM", "after_phase": interrupted.phase,
                                  "after_s": round(interrupted.elapsed_s, 1)}
-    return BenchRun(report, measurements, tuned, tuned_db, interrupted)
+    if refused is not None:
+        report["refused"] = refused.to_dict()
+    return BenchRun(report, measurements, tuned, tuned_db, interrupted, refused)
 
 
 def _report(graph: MMGraph, measurements: list[PlanMeasurement], cluster: ClusterSpec,

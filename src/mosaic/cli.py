@@ -759,6 +759,9 @@ def bench(
             summarise_trace_dir(directory)
     if run.interrupted is not None:
         _fail(f"bench {run.interrupted}; written to {out / 'bench.json'}", EXIT_INTERRUPTED)
+    if run.refused is not None:
+        _fail(f"bench refused {run.refused}; every contender's differences are written to "
+              f"{out / 'bench.json'}")
     write_bench_timelines(report, run.measurements, out)
 
 

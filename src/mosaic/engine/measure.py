@@ -111,6 +111,24 @@ class BenchInterrupted(BenchError):
         self.measurements, self.checks = measurements, checks
 
 
+class GradientsDiffer(BenchError):
+    """A contender's gradients differ from the reference's beyond the tolerance: it computes
+    something else and is not timed. Kept for the report: the groups measured before, the
+    checks made, and every contender's per-module differences (`checks["differences"]`)."""
+
+    def __init__(self, message: str, label: str, module: str, difference: float,
+                 tolerance: float) -> None:
+        super().__init__(message)
+        self.label, self.module, self.difference, self.tolerance = (label, module, difference,
+                                                                    tolerance)
+        self.measurements: list[PlanMeasurement] = []
+        self.checks: dict[str, Any] = {}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"contender": self.label, "module": self.module, "difference": self.difference,
+                "tolerance": self.tolerance, "message": str(self)}
+
+
 class _Terminated(BaseException):
     """Raised by the SIGTERM handler. Not an Exception: a module's compile falls back to eager
     on any Exception, and a time limit must stop the bench, not one module's compile."""
@@ -551,7 +569,11 @@ def _check_gradients(s: _Setup, names: list[str], stored: _Reference | None = No
         checks["reference_kernels"] = _kernel_class(s.contenders[reference])
     checks["other_kernels"] = [label for label in labels if _kernel_class(s.contenders[label])
                                != checks["reference_kernels"]]
-    _refuse_differing(errors, reference, checks)
+    try:
+        _refuse_differing(errors, reference, checks)
+    except GradientsDiffer as refused:
+        refused.checks = {**checks, "differences": errors}
+        raise
     return errors, checks, ref
 
 
@@ -597,10 +619,11 @@ def _refuse_differing(errors: dict[str, dict[str, float]], reference: str,
             every = ", ".join(f"{m} {e:.3g}" for m, e in per_module.items())
             basis = (f"{GRAD_TOLERANCE_FACTOR:g} x torch-compile's difference {floor:.3g}"
                      if floor is not None and not other else "assumed for these kernels")
-            raise BenchError(f"{label!r}: the gradient of module {worst!r} differs from "
-                             f"{reference!r}'s by {bad[worst]:.3g} (relative; tolerance "
-                             f"{tolerance:.3g}, {basis}) at the same weights; it computes "
-                             f"something else (every module: {every})")
+            raise GradientsDiffer(f"{label!r}: the gradient of module {worst!r} differs from "
+                                  f"{reference!r}'s by {bad[worst]:.3g} (relative; tolerance "
+                                  f"{tolerance:.3g}, {basis}) at the same weights; it computes "
+                                  f"something else (every module: {every})",
+                                  label, worst, bad[worst], tolerance)
 
 
 # --- timing ------------------------------------------------------------------------------------
@@ -779,6 +802,11 @@ def measure_plans(model, preset: str, graph: MMGraph, plans: dict[str, Plan], gp
                     keep_reference=len(groups) > 1)
                 results += measured
                 _add_group_checks(checks, group_checks)
+        except GradientsDiffer as refused:  # the groups measured before it are kept
+            checks.setdefault("compile", progress.compile.to_dict())
+            refused.measurements, refused.checks = results, {**checks,
+                                                             "gradients": refused.checks}
+            raise
         except _Terminated as stop:
             if stop.measured is not None:  # this group's timed rounds were done
                 results += stop.measured[0]
