@@ -588,17 +588,22 @@ def _kernel_class(c: _Contender) -> str:
 
 def _gradient_tolerance(s: _Setup, reference: str, errors: dict[str, dict[str, float]]) -> dict:
     """The tolerance: a multiple of the eager-vs-compiled difference measured in this run
-    (torch-compile against torch-eager), else of the difference assumed for these kernels.
-    Against a compiled reference, torch-compile's difference is that of the same kernels, so
-    it bounds only contenders of the reference's kernel class; the others (`_kernel_class`)
-    get `tolerance_other_kernels`, from the eager-vs-compiled difference assumed."""
-    floor = max(errors["torch-compile"].values(), default=0.0) if "torch-compile" in errors \
-        else None
+    (torch-compile against torch-eager), else of the difference assumed for these kernels,
+    and never below the reference's own run-to-run difference (its gradients are taken by a
+    second step: kernels with atomics differ between runs; Unified-IO 2 `paper`'s audio
+    encoder by 0.006 on the H200). Against a compiled reference, torch-compile's difference is
+    that of the same kernels, so it bounds only contenders of the reference's kernel class;
+    the others (`_kernel_class`) get `tolerance_other_kernels`, from the eager-vs-compiled
+    difference assumed."""
+    rerun = max(errors.get(reference, {}).values(), default=0.0)
+    floor = (max(rerun, *errors["torch-compile"].values()) if "torch-compile" in errors
+             else None)
     assumed = (0.0 if s.device.type == "cpu" else
                COMPILED_NOISE_FLOOR if s.engine.compile else LOSS_TOLERANCE / GRAD_TOLERANCE_FACTOR)
-    tolerance = _tolerance(assumed if floor is None else floor)
+    tolerance = _tolerance(max(assumed, rerun) if floor is None else floor)
     same_kernels = s.engine.compile and reference != "torch-eager" and floor is not None
-    return {"reference": reference, "noise_floor": floor, "tolerance": tolerance,
+    return {"reference": reference, "noise_floor": floor, "rerun_difference": rerun,
+            "tolerance": tolerance,
             "tolerance_other_kernels": max(tolerance, _tolerance(assumed)) if same_kernels
             else tolerance}
 
@@ -617,7 +622,7 @@ def _refuse_differing(errors: dict[str, dict[str, float]], reference: str,
         if bad:
             worst = max(bad, key=bad.get)
             every = ", ".join(f"{m} {e:.3g}" for m, e in per_module.items())
-            basis = (f"{GRAD_TOLERANCE_FACTOR:g} x torch-compile's difference {floor:.3g}"
+            basis = (f"{GRAD_TOLERANCE_FACTOR:g} x the measured noise floor {floor:.3g}"
                      if floor is not None and not other else "assumed for these kernels")
             raise GradientsDiffer(f"{label!r}: the gradient of module {worst!r} differs from "
                                   f"{reference!r}'s by {bad[worst]:.3g} (relative; tolerance "
