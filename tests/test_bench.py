@@ -270,14 +270,10 @@ def test_a_plan_that_drops_a_modules_gradients_is_refused(monkeypatch):
         measure_plans(model, "tiny", graph, _plans(graph), H200, config)
 
 
-def test_a_broken_plan_measured_in_a_later_group_is_refused_against_the_first_groups_reference(
-        monkeypatch):
-    """Alone in its group (`--plans-at-once 1`), a plan would agree with itself: it is judged
-    against the first group's reference, kept on the host."""
+def _drop_text_grads_of_mosaic(monkeypatch) -> None:
+    """Break mosaic's plan: its steps leave the text encoder without gradients."""
     from mosaic.engine.runner import PlanRunner
 
-    model = get_model("clip")
-    graph = model.graph("tiny")
     real_step = PlanRunner.step
 
     def drop_text_grads(self, data, **kwargs):
@@ -288,6 +284,15 @@ def test_a_broken_plan_measured_in_a_later_group_is_refused_against_the_first_gr
         return out
 
     monkeypatch.setattr(PlanRunner, "step", drop_text_grads)
+
+
+def test_a_broken_plan_measured_in_a_later_group_is_refused_against_the_first_groups_reference(
+        monkeypatch):
+    """Alone in its group (`--plans-at-once 1`), a plan would agree with itself: it is judged
+    against the first group's reference, kept on the host."""
+    model = get_model("clip")
+    graph = model.graph("tiny")
+    _drop_text_grads_of_mosaic(monkeypatch)
     plans = _plans(graph)
     for user_programs in (("torch-eager",), ()):  # the reference: torch-eager, else megatron
         config = BenchConfig(rounds=1, steps_per_round=1, warmup_steps=0, nvml_seconds=0,
@@ -579,18 +584,8 @@ def test_a_refused_bench_writes_the_groups_before_and_every_difference(tmp_path,
     differences (a refusal on the H200 once left an empty file, so noise could not be told
     from a defect)."""
     from mosaic.cli import main
-    from mosaic.engine.runner import PlanRunner
 
-    real_step = PlanRunner.step
-
-    def drop_text_grads(self, data, **kwargs):
-        out = real_step(self, data, **kwargs)
-        if self.plan.planner == "mosaic":
-            for p in self.modules["text"].parameters():
-                p.grad = None
-        return out
-
-    monkeypatch.setattr(PlanRunner, "step", drop_text_grads)
+    _drop_text_grads_of_mosaic(monkeypatch)
     out = tmp_path / "run"
     with pytest.raises(SystemExit) as code:
         main(["bench", "clip", "--preset", "tiny", "--planners", "megatron,mosaic",
