@@ -465,3 +465,37 @@ def test_a_cpu_bench_of_bf16_weights_runs_everything_under_autocast(monkeypatch,
         mosaic.bench.run_bench(model, model.graph("tiny"), make_cluster(1, "h200"),
                                BenchConfig(), variants=variants)
     assert seen["amp"] is (True if variants else None)
+
+
+def test_plans_of_a_bf16_bench_share_one_bf16_copy_and_one_main_weights_optimizer(monkeypatch):
+    """Autotune under `mosaic train --bf16-weights` measures every candidate with bf16
+    weights: they share one cast copy of the modules and one MainWeightsAdamW, as fp32 plans
+    share theirs (a copy each: 16 bytes a parameter per plan), and still pass the gradient
+    check; a variant back to fp32 weights trains its own fp32 copy."""
+    from mosaic.engine import main_weights, measure
+    from mosaic.engine.measure import BenchConfig, measure_plans
+    from mosaic.engine.session import EngineConfig
+    from mosaic.hardware import H200
+    from mosaic.zoo import get_model
+    from tests.test_bench import _plans
+
+    monkeypatch.setattr(main_weights, "MIN_ELEMENTS", 1)  # `tiny` weights are all small
+    model = get_model("clip")
+    graph = model.graph("tiny")
+    plans = _plans(graph)
+    plans["mosaic@bf16_weights=false"] = plans["mosaic"]
+    config = BenchConfig(rounds=1, steps_per_round=1, warmup_steps=0, nvml_seconds=0,
+                         user_programs=(), engine=EngineConfig(amp=True, bf16_weights=True))
+    engines = {"mosaic@bf16_weights=false": replace(config.engine, bf16_weights=False)}
+    s = measure._setup(model, "tiny", graph, plans, H200, config, engines)
+    try:
+        assert isinstance(s.optimizer, MainWeightsAdamW) and s.optimizer.bf16
+        assert s.contenders["megatron"].modules is None is s.contenders["mosaic"].modules
+        own = s.contenders["mosaic@bf16_weights=false"].modules
+        assert all(p.dtype == torch.float32 for m in own.values() for p in m.parameters())
+    finally:
+        measure._close(s.contenders)
+        measure.end_distributed(s.dist)
+    measurements, checks = measure_plans(model, "tiny", graph, plans, H200, config, engines)
+    assert {m.label for m in measurements} == set(plans)
+    assert checks["gradients"]["other_kernels"] == ["mosaic@bf16_weights=false"]

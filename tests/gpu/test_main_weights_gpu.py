@@ -119,6 +119,27 @@ def test_a_plan_with_bf16_weights_computes_what_the_fp32_user_program_does():
     torch.cuda.synchronize()
 
 
+def test_plans_of_a_bf16_bench_share_one_copy_and_capture_each_update_on_the_gpu():
+    """Autotune under `mosaic train --bf16-weights`: the plans share one bf16 copy and one
+    MainWeightsAdamW whose update is captured once per plan's gradient layout (flat buffers,
+    and a weight at a time), and every plan passes the gradient check."""
+    model = get_model("clip")
+    graph = model.graph("small", global_batch=32)
+    plans = dict(one_gpu_plans(graph))
+    per_weight = "partition@bf16_flat_grads=false"
+    plans[per_weight] = plans["partition"]
+    bf16 = EngineConfig(graphs=True, compile="default", bf16_weights=True)
+    config = BenchConfig(rounds=2, steps_per_round=3, warmup_steps=4, nvml_seconds=0,
+                         engine=bf16, user_programs=())
+    engines = {per_weight: replace(bf16, bf16_flat_grads=False)}
+    measurements, checks = measure_plans(model, "small", graph, plans, H200, config, engines)
+    medians = {m.label: round(1e3 * m.median_s, 2) for m in measurements}
+    print(medians, checks["gradients"])
+    assert set(medians) == set(plans) and all(v > 0 for v in medians.values())
+    assert checks["gradients"]["other_kernels"] == []  # one kernel class: all bf16
+    torch.cuda.synchronize()
+
+
 def test_training_with_bf16_weights_follows_fp32_weights_and_resumes(tmp_path, monkeypatch):
     """`mosaic train --bf16-weights` on the GPU (graphs, compiled modules, the NaN guard's
     found_inf on the device): the losses follow the fp32-weight run's (the same bf16 values

@@ -42,7 +42,9 @@ MIN_ELEMENTS = 1 << 16
 STEPS_BEFORE_CAPTURE = 2
 """Eager steps with the same gradient addresses before the step is captured (the first
 compiles the update kernel; capture replays what ran)."""
-MAX_GRAPHS = 4
+MAX_GRAPHS = 8
+"""Captured steps kept, one per gradient layout: a bench's plans sharing one optimizer leave
+their gradients at addresses of their own (training keeps one layout)."""
 
 
 def cast_weights_bf16(modules: Iterable[nn.Module],

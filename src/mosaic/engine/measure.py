@@ -326,6 +326,9 @@ def _setup(model, preset: str, graph: MMGraph, plans: dict[str, Plan], gpu: GPUS
     names = graph.names if config.user_programs else local_modules(shared, d.rank)
     modules = build_modules(model, preset, names, config.seed, d.device)
     engine = _on_device(config.engine, d)
+    shared_bf16 = _shares_bf16_weights(config)
+    if shared_bf16:
+        cast_weights_bf16(modules.values())
     views, compiled = compile_modules(modules, engine.compile, scope=engine.compile_scope)
     batch = make_batch(model, preset, graph.global_batch, config.seed, 0)
     contenders: dict[str, _Contender] = {}
@@ -333,10 +336,12 @@ def _setup(model, preset: str, graph: MMGraph, plans: dict[str, Plan], gpu: GPUS
         for label, plan in plans.items():
             start = time.perf_counter()
             own_engine = _on_device(engines.get(label, config.engine), d)
-            if _reshapes(plan) or own_engine.bf16_weights:
+            if _reshapes(plan) or own_engine.bf16_weights != shared_bf16:
                 contenders[label] = _own_contender(label, plan, model, preset, graph, d, gpu,
                                                    own_engine, config, compiled, batch)
             else:
+                if shared_bf16:
+                    _check_bf16_weights(label, plan, own_engine)
                 session = RankSession.create(plan, graph, modules, d, gpu, own_engine, views=views)
                 contenders[label] = _plan_contender(label, session, batch)
                 if own_engine.optimizer_overlap:  # its own optimizer state; same weights
@@ -347,9 +352,18 @@ def _setup(model, preset: str, graph: MMGraph, plans: dict[str, Plan], gpu: GPUS
         _close(contenders)
         raise
     params = [p for m in modules.values() for p in m.parameters()]
-    optimizer = make_optimizer("adamw", params, config.lr) if params else None
+    optimizer = _optimizer_maker(engine, config.lr)(params) if params else None
     return _Setup(d, contenders, optimizer, params, modules, compiled, Timer(d.device), batch,
                   graph, engine)
+
+
+def _shares_bf16_weights(config: BenchConfig) -> bool:
+    """Whether the plans share one bf16-weight copy of the modules and one main-weights
+    optimizer, as fp32 plans share theirs: when the bench's own engine keeps bf16 weights
+    (autotune under `mosaic train --bf16-weights`) and no user program (fp32 weights under
+    autocast) needs the modules in fp32. A copy each would hold 16 bytes a parameter per
+    plan: at `paper` scale, more than the GPU."""
+    return config.engine.bf16_weights and not config.user_programs
 
 
 def _on_device(engine: EngineConfig, d: Dist) -> EngineConfig:
@@ -416,9 +430,9 @@ def _reshapes(plan: Plan) -> bool:
 def _own_contender(label: str, plan: Plan, model, preset: str, graph: MMGraph, d: Dist,
                    gpu: GPUSpec, engine: EngineConfig, config: BenchConfig,
                    compiled: CompileReport, batch: dict) -> _Contender:
-    """A plan that shards its modules in place, or stores their weights in bf16, trains its
-    own copy of them (the same weights: same seed) with its own optimizer, so the other plans
-    keep whole fp32 parameters."""
+    """A plan that shards its modules in place, or stores its weights in another precision
+    than the shared modules', trains its own copy of them (the same weights: same seed) with
+    its own optimizer, so the other plans keep theirs whole."""
     if engine.bf16_weights:
         _check_bf16_weights(label, plan, engine)
     own = build_modules(model, preset, local_modules(plan, d.rank), config.seed, d.device)
