@@ -77,14 +77,29 @@ def measure_module(name: str, module: torch.nn.Module) -> dict | None:
             "cheaper": "per-weight" if per_weight < one_launch + copy else "flat"}
 
 
-def measure(model_name: str, preset: str) -> dict:
+def measure(model_name: str, preset: str, out: str | None) -> dict:
+    """Every module's row, each printed and written to `out` as it is measured (a time limit
+    keeps the modules done)."""
     model = get_model(model_name)
     modules = model.build_modules(preset, torch.device("cuda"), torch.float32,
                                   names=model.graph(preset).names, seed=0)
     cast_weights_bf16(modules.values())
-    rows = [row for name, m in modules.items() if (row := measure_module(name, m))]
-    return {"model": model_name, "preset": preset, "device": torch.cuda.get_device_name(),
-            "torch": torch.__version__, "modules": rows}
+    result = {"model": model_name, "preset": preset, "device": torch.cuda.get_device_name(),
+              "torch": torch.__version__, "modules": []}
+    print(f"{model_name} {preset}: module, bf16 weights, mean elements, per-weight ms "
+          "(a kernel per size; again), flat update ms, copy ms, cheaper", flush=True)
+    for name, module in modules.items():
+        if (r := measure_module(name, module)) is None:
+            continue
+        result["modules"].append(r)
+        print(f"  {r['module']:<10} {r['bf16_weights']:>4} {r['mean_elements'] / 1e6:8.2f}M "
+              f"{r['per_weight_ms']:7.3f} ({r['per_weight_kernel_per_size_ms']:7.3f}; "
+              f"{r['per_weight_again_ms']:7.3f}) {r['flat_update_ms']:7.3f} "
+              f"{r['gradient_copy_ms']:7.3f}  {r['cheaper']}", flush=True)
+        if out:
+            with open(out, "w") as f:
+                json.dump(result, f, indent=1)
+    return result
 
 
 def main() -> None:
@@ -93,17 +108,7 @@ def main() -> None:
     parser.add_argument("preset")
     parser.add_argument("--out")
     args = parser.parse_args()
-    result = measure(args.model, args.preset)
-    print(f"{result['model']} {result['preset']}: module, bf16 weights, mean elements, "
-          "per-weight ms (a kernel per size), flat update ms, copy ms, cheaper")
-    for r in result["modules"]:
-        print(f"  {r['module']:<10} {r['bf16_weights']:>4} {r['mean_elements'] / 1e6:8.2f}M "
-              f"{r['per_weight_ms']:7.3f} ({r['per_weight_kernel_per_size_ms']:7.3f}) "
-              f"{r['flat_update_ms']:7.3f} "
-              f"{r['gradient_copy_ms']:7.3f}  {r['cheaper']}")
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=1)
+    measure(args.model, args.preset, args.out)
 
 
 if __name__ == "__main__":

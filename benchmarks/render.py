@@ -853,11 +853,16 @@ def main_weights_layout(results: Path, arg: str | None) -> str:
         for m in run["modules"]:
             rows.append([run["model"], run["preset"], m["module"], str(m["bf16_weights"]),
                          f"{m['bf16_parameters'] / 1e6:.0f} M", f"{m['mean_elements'] / 1e6:.2f} M",
-                         f"{m['per_weight_ms']:.3f}", f"{m['flat_update_ms']:.3f}",
+                         f"{m['per_weight_ms']:.3f}",
+                         *(f"{m[k]:.3f}" if k in m else "–"
+                           for k in ("per_weight_again_ms", "per_weight_kernel_per_size_ms")),
+                         f"{m['flat_update_ms']:.3f}",
                          f"{m['gradient_copy_ms']:.3f}",
                          f"{m['per_weight_ms'] / m['flat_update_ms']:.2f}x", m["cheaper"]])
     return table(["model", "preset", "module", "bf16 weights", "parameters", "mean size",
-                  "a weight at a time, ms", "flat, one launch, ms", "gradient copy, ms",
+                  "a weight at a time, ms", "the same again, ms",
+                  "a weight at a time, a kernel per size, ms", "flat, one launch, ms",
+                  "gradient copy, ms",
                   "per-weight / flat update", "cheaper (flat: update + copy)"], rows)
 
 
