@@ -137,3 +137,57 @@ def test_accumulating_candidates_are_planned_for_one_micro_step():
     perf = make_perf_model("analytic", cluster, accumulation=32)
     plans, _ = candidate_plans(graph, cluster, perf, k=2)
     assert plans and all("32 accumulated micro-steps" in p.perf_model for p in plans.values())
+
+
+def test_with_bf16_weights_the_update_a_weight_at_a_time_is_a_candidate(tmp_path, monkeypatch):
+    """With bf16 weights, the best predicted plan is measured again updating a weight at a
+    time (which update wins is the model's); when it wins, the result says to train with
+    it, and its row stays out of the DB's rows for the flat engine's term."""
+    from mosaic import autotune as tuning
+    from mosaic.autotune import PER_WEIGHT_UPDATE
+    from mosaic.engine import main_weights
+
+    monkeypatch.setattr(main_weights, "MIN_ELEMENTS", 1)  # `tiny` weights are all small
+    model, graph, cluster, perf = _setup("clip")
+    db = tmp_path / "profile.sqlite"
+    ProfileDB.create(db, hardware="h200", num_sms=132).close()
+    engine = EngineConfig(graphs=False, amp=True, bf16_weights=True)
+    config = AutotuneConfig(k=1, planners=("mosaic", *BASELINES),
+                            **{**CPU, "engine": engine})
+    choose = tuning._choose
+
+    def per_weight_fastest(records, plans, startup_s, variants=None):
+        fast = [r if r.label not in variants else
+                type(r)(**{**r.to_dict(), "same_as": tuple(r.same_as), "measured_s": 1e-6})
+                for r in records]
+        return choose(tuple(fast), plans, startup_s, variants)
+
+    monkeypatch.setattr(tuning, "_choose", per_weight_fastest)
+    result = autotune(model, "tiny", graph, cluster, perf, config, db=db)
+    labels = [m.label for m in result.measurements]
+    variant = next(label for label in labels if label.endswith("@bf16_flat_grads=false"))
+    assert labels[0] + "@bf16_flat_grads=false" == variant  # the best predicted plan's
+    assert result.label == variant and result.engine_settings == PER_WEIGHT_UPDATE
+    assert result.plan.meta["autotune"]["engine_settings"] == PER_WEIGHT_UPDATE
+    with ProfileDB.open(db) as d:
+        assert variant not in {r.label for r in d.iterations()}
+    plans = {"mosaic": result.plan}
+    assert tuning._update_candidates(plans, EngineConfig()) == {} and list(plans) == ["mosaic"]
+
+
+def test_train_trains_with_the_engine_settings_autotune_chose(monkeypatch):
+    from types import SimpleNamespace
+
+    import mosaic.autotune
+    from mosaic import cli
+    from mosaic.autotune import PER_WEIGHT_UPDATE
+
+    tuned = SimpleNamespace(plan="the plan", engine_settings=PER_WEIGHT_UPDATE)
+    monkeypatch.setattr(mosaic.autotune, "autotune_recorded", lambda *a, **k: (tuned, None))
+    monkeypatch.setattr(cli, "_say_autotuned", lambda *a: None)
+    d = SimpleNamespace(rank=0, device=SimpleNamespace(type="cpu"))
+    engine = EngineConfig(amp=True, bf16_weights=True)
+    plan, trained_with = cli._training_plan("clip", "tiny", None, 1, "h200", None, "analytic",
+                                            None, 1, engine, d)
+    assert plan == "the plan" and trained_with.bf16_flat_grads is False
+    assert trained_with.bf16_weights and engine.bf16_flat_grads  # the given one is unchanged

@@ -8,6 +8,7 @@ run while the command line is parsed.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import json
 import logging
@@ -511,7 +512,7 @@ def train(
                               reduce_dtype=reduce_dtype, grads_in_graph=grads_in_graph,
                               accumulation=accumulation, bf16_weights=bf16_weights,
                               bf16_flat_grads=bf16_flat_grads, timeline=out is not None)
-        plan_obj = None if plan_file is not None else _training_plan(
+        plan_obj, engine = (None, engine) if plan_file is not None else _training_plan(
             model, str(preset), batch, gpus or d.world_size, hardware, planner,
             str(perf_model), profile_db, autotune, engine, d)
         ckpt = (CheckpointConfig(directory=str(checkpoint_dir), every_steps=checkpoint_every,
@@ -544,9 +545,11 @@ def train(
 def _training_plan(model: str, preset: str, batch: int | None, gpus: int, hardware,
                    planner: str | None, perf_model: str, profile_db: Path | None, autotune: int,
                    engine, d):
-    """The plan `mosaic train` trains when no --plan is given: the fastest measured of the
-    best predicted (--autotune K; every rank measures, measure_plans is collective), else the
-    planner's, made on rank 0 and shared."""
+    """The plan `mosaic train` trains when no --plan is given, and the engine to train it
+    with: the fastest measured of the best predicted (--autotune K; every rank measures,
+    measure_plans is collective) with the engine settings it was measured with (with bf16
+    weights, the update a weight at a time may win), else the planner's, made on rank 0 and
+    shared, with `engine` as given."""
     from mosaic.api import plan_on_rank0
     from mosaic.autotune import autotune_recorded
     from mosaic.hardware import make_cluster
@@ -559,12 +562,12 @@ def _training_plan(model: str, preset: str, batch: int | None, gpus: int, hardwa
                            accumulation=engine.accumulation)
     if not autotune:
         return plan_on_rank0(graph, gpus, d.device, hardware=hardware,
-                             planner=planner or "mosaic", perf_model=perf)
+                             planner=planner or "mosaic", perf_model=perf), engine
     tuned, tuned_db = autotune_recorded(get_model(model), preset, graph, cluster, perf,
                                         autotune, engine, cpu=d.device.type == "cpu")
     if d.rank == 0:
         _say_autotuned(tuned, tuned_db)
-    return tuned.plan
+    return tuned.plan, dataclasses.replace(engine, **tuned.engine_settings)
 
 
 def _say_trained(result, data) -> None:
