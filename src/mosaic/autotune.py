@@ -91,11 +91,14 @@ class TuneMeasurement:
     baseline: bool
     same_as: tuple[str, ...] = ()
     """Other planners whose plan had the same placement structure (measured once)."""
+    engine_settings: dict[str, Any] = field(default_factory=dict)
+    """Engine settings it ran with beyond the run's (PER_WEIGHT_UPDATE for that candidate)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {"label": self.label, "predicted_s": self.predicted_s,
                 "measured_s": self.measured_s, "startup_s": self.startup_s,
-                "baseline": self.baseline, "same_as": list(self.same_as)}
+                "baseline": self.baseline, "same_as": list(self.same_as),
+                "engine_settings": self.engine_settings}
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,7 +186,8 @@ def _records(measured: list[PlanMeasurement], aliases: dict[str, list[str]]
         label=m.label, predicted_s=float(m.plan.predicted_iteration_s or 0.0),
         measured_s=m.median_s, startup_s=m.startup_s,
         baseline=bool({m.label, *aliases.get(m.label, [])} & set(BASELINES)),
-        same_as=tuple(aliases.get(m.label, []))) for m in measured)
+        same_as=tuple(aliases.get(m.label, [])), engine_settings=dict(m.engine_variant or {}))
+        for m in measured)
 
 
 def autotune(model: Any, preset: str, graph: MMGraph, cluster: ClusterSpec, perf: PerfModel,
@@ -200,17 +204,16 @@ def autotune(model: Any, preset: str, graph: MMGraph, cluster: ClusterSpec, perf
         shared = share_from_rank0(lambda: _shared_candidates(graph, cluster, perf, config),
                                   d.device)
         plans = {k: Plan.from_dict(v) for k, v in shared["plans"].items()}
-        variants = _update_candidates(plans, config.engine)
         measured, _ = measure_plans(model, preset, graph, plans, cluster.gpu,
                                     _bench_config(config),
                                     {label: replace(config.engine, **PER_WEIGHT_UPDATE)
-                                     for label in variants})
+                                     for label in _update_candidates(plans, config.engine)})
     finally:
         from mosaic.engine.session import end_distributed
 
         end_distributed(d)
     records = _records(measured, shared["aliases"])
-    result = _choose(records, plans, time.perf_counter() - start, variants)
+    result = _choose(records, plans, time.perf_counter() - start)
     if db is not None and d.rank == 0:
         try:
             record_iterations(db, graph, preset, result, plans, perf, _measured_engine(config, d))
@@ -256,15 +259,15 @@ def _shared_candidates(graph: MMGraph, cluster: ClusterSpec, perf: PerfModel,
     return {"plans": {k: p.to_dict() for k, p in plans.items()}, "aliases": aliases}
 
 
-def _update_candidates(plans: dict[str, Plan], engine: EngineConfig) -> dict[str, str]:
+def _update_candidates(plans: dict[str, Plan], engine: EngineConfig) -> list[str]:
     """With bf16 weights updated over flat buffers, the best predicted plan once more with
-    PER_WEIGHT_UPDATE, added to `plans`; returns {its label: the plan's label}."""
+    PER_WEIGHT_UPDATE, added to `plans`; returns the labels added."""
     if not (engine.bf16_weights and engine.bf16_flat_grads) or not plans:
-        return {}
+        return []
     best = next(iter(plans))  # candidate_plans: best predicted first
     label = variant_label(best, PER_WEIGHT_UPDATE)
     plans[label] = plans[best]
-    return {label: best}
+    return [label]
 
 
 def _measured_engine(config: AutotuneConfig, d: Any) -> str:
@@ -275,12 +278,11 @@ def _measured_engine(config: AutotuneConfig, d: Any) -> str:
 
 
 def _choose(records: tuple[TuneMeasurement, ...], plans: dict[str, Plan],
-            startup_s: float, variants: dict[str, str] | None = None) -> AutotuneResult:
-    """The fastest measured plan; baselines are candidates, so it is never slower than the best.
-    `variants`: candidates that are another candidate's plan on other engine settings."""
+            startup_s: float) -> AutotuneResult:
+    """The fastest measured plan; baselines are candidates, so it is never slower than the best."""
     best = min(records, key=lambda r: r.measured_s)
     best_baseline = min(r.measured_s for r in records if r.baseline)
-    settings = dict(PER_WEIGHT_UPDATE) if best.label in (variants or {}) else {}
+    settings = dict(best.engine_settings)
     info = {"chosen_from": [r.to_dict() for r in records], "startup_s": startup_s,
             "best_baseline_s": best_baseline, "engine_settings": settings}
     plan = replace(plans[best.label], meta={**plans[best.label].meta, "autotune": info})
@@ -293,9 +295,9 @@ def record_iterations(db_path: str | Path, graph: MMGraph, preset: str, result: 
     """Append every measurement to the DB's `iterations` table; returns the rows written."""
     date = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     term = getattr(perf, "engine_term_s", None)
-    # A candidate on other engine settings ran another engine kind than `engine`: not a row
-    # for that kind's term.
-    measured = [m for m in result.measurements if "@" not in m.label]
+    # A candidate on other engine settings ran another engine than `engine`: not a row for
+    # that engine's term.
+    measured = [m for m in result.measurements if not m.engine_settings]
     rows = [IterationRecord(
         plan_json=json.dumps(plans[m.label].to_dict(), sort_keys=True), label=m.label,
         model=graph.name, preset=preset, global_batch=graph.global_batch,
