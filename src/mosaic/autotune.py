@@ -110,13 +110,20 @@ class AutotuneResult:
     startup_s: float
     """Wall seconds of the whole autotune: planning, building, capturing and measuring."""
     best_baseline_s: float
-    engine_settings: dict[str, Any] = field(default_factory=dict)
-    """Engine settings the chosen candidate ran with beyond the run's (PER_WEIGHT_UPDATE when
-    its weights went a weight at a time): train with them."""
 
     @property
     def measured_s(self) -> float:
-        return next(m.measured_s for m in self.measurements if m.label == self.label)
+        return self._chosen.measured_s
+
+    @property
+    def engine_settings(self) -> dict[str, Any]:
+        """Engine settings the chosen candidate ran with beyond the run's (PER_WEIGHT_UPDATE
+        when its weights went a weight at a time): train with them."""
+        return self._chosen.engine_settings
+
+    @property
+    def _chosen(self) -> TuneMeasurement:
+        return next(m for m in self.measurements if m.label == self.label)
 
     def to_dict(self) -> dict[str, Any]:
         return {"chosen": self.label, "engine_settings": self.engine_settings,
@@ -282,12 +289,11 @@ def _choose(records: tuple[TuneMeasurement, ...], plans: dict[str, Plan],
     """The fastest measured plan; baselines are candidates, so it is never slower than the best."""
     best = min(records, key=lambda r: r.measured_s)
     best_baseline = min(r.measured_s for r in records if r.baseline)
-    settings = dict(best.engine_settings)
     info = {"chosen_from": [r.to_dict() for r in records], "startup_s": startup_s,
-            "best_baseline_s": best_baseline, "engine_settings": settings}
+            "best_baseline_s": best_baseline, "engine_settings": best.engine_settings}
     plan = replace(plans[best.label], meta={**plans[best.label].meta, "autotune": info})
     return AutotuneResult(plan=plan, label=best.label, measurements=records, startup_s=startup_s,
-                          best_baseline_s=best_baseline, engine_settings=settings)
+                          best_baseline_s=best_baseline)
 
 
 def record_iterations(db_path: str | Path, graph: MMGraph, preset: str, result: AutotuneResult,
