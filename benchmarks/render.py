@@ -850,8 +850,9 @@ def main_weights_layout(results: Path, arg: str | None) -> str:
     rows = []
     for path in sorted((results / arg).glob("main_weights_flat_or_per_weight_*.json")):
         run = load(path)
-        for m in run["modules"]:
-            rows.append([run["model"], run["preset"], m["module"], str(m["bf16_weights"]),
+        for position, m in enumerate(run["modules"], start=1):
+            rows.append([run["model"], run["preset"], m["module"],
+                         f"{position} ({run.get('order', 'graph')})", str(m["bf16_weights"]),
                          f"{m['bf16_parameters'] / 1e6:.0f} M", f"{m['mean_elements'] / 1e6:.2f} M",
                          f"{m['per_weight_ms']:.3f}",
                          *(f"{m[k]:.3f}" if k in m else "–"
@@ -859,8 +860,8 @@ def main_weights_layout(results: Path, arg: str | None) -> str:
                          f"{m['flat_update_ms']:.3f}",
                          f"{m['gradient_copy_ms']:.3f}",
                          f"{m['per_weight_ms'] / m['flat_update_ms']:.2f}x", m["cheaper"]])
-    return table(["model", "preset", "module", "bf16 weights", "parameters", "mean size",
-                  "a weight at a time, ms", "the same again, ms",
+    return table(["model", "preset", "module", "measured (order)", "bf16 weights", "parameters",
+                  "mean size", "a weight at a time, ms", "the same again, ms",
                   "a weight at a time, a kernel per size, ms", "flat, one launch, ms",
                   "gradient copy, ms",
                   "per-weight / flat update", "cheaper (flat: update + copy)"], rows)

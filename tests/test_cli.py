@@ -237,3 +237,20 @@ def test_train_says_when_the_host_bounded_the_steps(capsys, device, share, said)
     plan = Plan(model="clip", planner="megatron", num_gpus=1, stages=())
     _say_trained(SimpleNamespace(summary=summary, plan=plan), DataName.synthetic)
     assert ("host-bound: launching a step took" in capsys.readouterr().out) is said
+
+
+def test_train_runs_like_bench_by_default_and_eagerly_on_a_cpu(tmp_path):
+    """`mosaic train` asks for CUDA graphs and Inductor as `mosaic bench` does (an eager run
+    was launch-bound: CLIP `small` b32 took 58 ms a step on the H200); a CPU has no graphs and
+    the auto compile mode leaves it eager, so the same command runs on both."""
+    from mosaic.cli import _compile_mode
+
+    trained = mosaic("train", "clip", "--preset", "tiny", "--steps", "1",
+                     "--out", str(tmp_path / "run"))
+    assert trained.returncode == 0, trained.stderr[-2000:]
+    asked = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert (asked["graphs"], asked["compile_mode"]) == (True, "auto")
+    ran = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert ran["graphs"] is False and ran["compile"]["compiled"] == {}
+    assert _compile_mode("auto") is None and _compile_mode("none") is None
+    assert _compile_mode("max-autotune-gemm") == "max-autotune-gemm"

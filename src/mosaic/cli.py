@@ -418,7 +418,7 @@ def train(
     batch: Annotated[int | None, typer.Option(help="global batch (default: the preset's)")] = None,
     metrics: Annotated[Path | None, typer.Option(help="JSONL file, one line per step",
                                                  callback=_out_file("--metrics"))] = None,
-    graphs: Annotated[bool, typer.Option(help="per-module CUDA graphs (GPU)")] = False,
+    graphs: Annotated[bool, typer.Option(help="per-module CUDA graphs (GPU; off on a CPU)")] = True,
     lr: Annotated[float, typer.Option(help="AdamW learning rate")] = 1e-4,
     seed: Annotated[int, typer.Option(help="seed of weights and synthetic data")] = 0,
     data: Annotated[DataName, typer.Option(help="synthetic inputs, or digits: scikit-learn's "
@@ -429,7 +429,7 @@ def train(
     perf_model: Annotated[PerfModelName, typer.Option("--perf-model", help="auto: profiled where a "
                                                       "profile is shipped")] = PerfModelName.auto,
     profile_db: ProfileDbOption = None,
-    compile_mode: Annotated[str | None, typer.Option("--compile", help="Inductor per module: default | max-autotune-gemm | max-autotune-no-cudagraphs (GPU)")] = None,
+    compile_mode: Annotated[str, typer.Option("--compile", help="Inductor per module: auto (default on a GPU, none on a CPU) | default | max-autotune-gemm | max-autotune-no-cudagraphs | none")] = "auto",
     compile_scope: CompileScopeOption = "module",
     grad_sync: Annotated[str, typer.Option(help="flat | ddp | bucketed: one flat gradient buffer per module and one all-reduce (fastest measured), DDP per module, or the old bucketed all-reduce")] = "flat",
     reduce_dtype: Annotated[str, typer.Option(help="gradient all-reduce precision: fp32 | bf16")] = "fp32",
@@ -507,7 +507,9 @@ def train(
     check_dataset(get_model(model), str(data), str(preset))  # before planning and set-up
     d = start_distributed(None, timeout_s)  # planning on rank 0 needs the world to broadcast to
     try:
-        engine = EngineConfig(graphs=graphs, compile=compile_mode, compile_scope=compile_scope,
+        # A CPU has no CUDA graphs, and compile time dominates its brief runs.
+        engine = EngineConfig(graphs=graphs and d.device.type == "cuda",
+                              compile=_compile_mode(compile_mode), compile_scope=compile_scope,
                               grad_sync=grad_sync,
                               reduce_dtype=reduce_dtype, grads_in_graph=grads_in_graph,
                               accumulation=accumulation, bf16_weights=bf16_weights,

@@ -146,7 +146,7 @@ class EngineTerm:
 # --- features ------------------------------------------------------------------------------
 GPU_ENGINE = {"graphs": True, "compile": "default", "grad_sync": "flat", "reduce_dtype": "fp32",
               "grads_in_graph": True}
-"""The engine record of what `mosaic bench` (and `mosaic train --graphs --compile default`)
+"""The engine record of what `mosaic bench` (and `mosaic train`)
 runs on a GPU unless told otherwise (a test checks it against EngineConfig's defaults)."""
 
 
