@@ -21,6 +21,7 @@ from mosaic.engine.measure import (
     BenchConfig,
     BenchError,
     BenchInterrupted,
+    BenchStopped,
     GradientsDiffer,
     PlanMeasurement,
     bench_report,
@@ -118,24 +119,22 @@ def run_bench(model: Any, graph: MMGraph, cluster: ClusterSpec, config: BenchCon
                            if autotune else (None, None))
         if tuned is not None:
             measured["autotune"] = tuned.plan
-        interrupted = refused = None
+        stopped = None
         try:
             measurements, checks = measure_plans(model, preset, graph, measured, cluster.gpu,
                                                  config, engines)
-        except BenchInterrupted as stop:
-            interrupted, measurements, checks = stop, stop.measurements, stop.checks
-        except GradientsDiffer as differ:
-            refused, measurements, checks = differ, differ.measurements, differ.checks
+        except BenchStopped as stop:
+            stopped, measurements, checks = stop, stop.measurements, stop.checks
     finally:
         end_distributed(d)
     report = _report(graph, measurements, cluster, preset, perf, checks, tuned, config)
-    report["complete"] = interrupted is None and refused is None
-    if interrupted is not None:
-        report["interrupted"] = {"signal": "SIGTERM", "after_phase": interrupted.phase,
-                                 "after_s": round(interrupted.elapsed_s, 1)}
-    if refused is not None:
-        report["refused"] = refused.to_dict()
-    return BenchRun(report, measurements, tuned, tuned_db, interrupted, refused)
+    report["complete"] = stopped is None
+    if stopped is not None:
+        key, entry = stopped.report_entry()
+        report[key] = entry
+    return BenchRun(report, measurements, tuned, tuned_db,
+                    stopped if isinstance(stopped, BenchInterrupted) else None,
+                    stopped if isinstance(stopped, GradientsDiffer) else None)
 
 
 def _report(graph: MMGraph, measurements: list[PlanMeasurement], cluster: ClusterSpec,

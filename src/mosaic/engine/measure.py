@@ -100,7 +100,19 @@ class BenchError(MosaicError):
     """A benchmark that cannot run as asked; the message says the fix."""
 
 
-class BenchInterrupted(BenchError):
+class BenchStopped(BenchError):
+    """The bench stopped before measuring every contender; what it measured by then
+    (`measurements`, `checks`) still goes into the report, with `report_entry()` saying why."""
+
+    measurements: list[PlanMeasurement]
+    checks: dict[str, Any]
+
+    def report_entry(self) -> tuple[str, dict[str, Any]]:
+        """The report's key and value that say why it is incomplete."""
+        raise NotImplementedError
+
+
+class BenchInterrupted(BenchStopped):
     """SIGTERM (a time limit) stopped the bench: what was measured by then is kept."""
 
     def __init__(self, phase: str, elapsed_s: float, measurements: list[PlanMeasurement],
@@ -110,8 +122,12 @@ class BenchInterrupted(BenchError):
         self.phase, self.elapsed_s = phase, elapsed_s
         self.measurements, self.checks = measurements, checks
 
+    def report_entry(self) -> tuple[str, dict[str, Any]]:
+        return "interrupted", {"signal": "SIGTERM", "after_phase": self.phase,
+                               "after_s": round(self.elapsed_s, 1)}
 
-class GradientsDiffer(BenchError):
+
+class GradientsDiffer(BenchStopped):
     """A contender's gradients differ from the reference's beyond the tolerance: it computes
     something else and is not timed. Kept for the report: the groups measured before, the
     checks made, and every contender's per-module differences (`checks["differences"]`)."""
@@ -123,6 +139,9 @@ class GradientsDiffer(BenchError):
                                                                     tolerance)
         self.measurements: list[PlanMeasurement] = []
         self.checks: dict[str, Any] = {}
+
+    def report_entry(self) -> tuple[str, dict[str, Any]]:
+        return "refused", self.to_dict()
 
     def to_dict(self) -> dict[str, Any]:
         return {"contender": self.label, "module": self.module, "difference": self.difference,
