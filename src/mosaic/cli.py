@@ -507,8 +507,9 @@ def train(
     check_dataset(get_model(model), str(data), str(preset))  # before planning and set-up
     d = start_distributed(None, timeout_s)  # planning on rank 0 needs the world to broadcast to
     try:
-        # A CPU has no CUDA graphs, and compile time dominates its brief runs.
-        engine = EngineConfig(graphs=graphs and d.device.type == "cuda",
+        # A CPU has no CUDA graphs, and compile time dominates its brief runs; graphs are
+        # captured after the first (eager) step, so a one-step run never replays them.
+        engine = EngineConfig(graphs=graphs and d.device.type == "cuda" and steps > 1,
                               compile=_compile_mode(compile_mode), compile_scope=compile_scope,
                               grad_sync=grad_sync,
                               reduce_dtype=reduce_dtype, grads_in_graph=grads_in_graph,
