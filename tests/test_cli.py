@@ -237,6 +237,9 @@ def test_train_says_when_the_host_bounded_the_steps(capsys, device, share, said)
     plan = Plan(model="clip", planner="megatron", num_gpus=1, stages=())
     _say_trained(SimpleNamespace(summary=summary, plan=plan), DataName.synthetic)
     assert ("host-bound: launching a step took" in capsys.readouterr().out) is said
+    _say_trained(SimpleNamespace(summary={**summary, "graphs": False}, plan=plan),
+                 DataName.synthetic)  # eager: graphs are the remedy, not the batch
+    assert ("drop --no-graphs" in capsys.readouterr().out) is said
 
 
 def test_train_runs_like_bench_by_default_and_eagerly_on_a_cpu(tmp_path):

@@ -587,8 +587,10 @@ def _say_trained(result, data) -> None:
     share = summary.get("host_launch_share")
     bound = GuardChoice.HOST_BOUND
     if share is not None and share >= bound and summary["device"].startswith("cuda"):
+        remedy = ("a larger --batch gives it more work per launch" if summary.get("graphs", True)
+                  else "CUDA graphs (drop --no-graphs) replay a module's kernels in one launch")
         typer.echo(f"host-bound: launching a step took {share:.0%} of it on the host, so the GPU "
-                   f"waited; a larger --batch gives it more work per launch")
+                   f"waited; {remedy}")
     if data != DataName.synthetic:
         typer.echo(_eval_line(summary.get("eval"), result.plan.num_gpus))
 
