@@ -792,6 +792,32 @@ def autotune_choices(results: Path, arg: str | None) -> str:
             f"a generated kernel beat ATen by 5% or more on {faster}.")
 
 
+# --- `mosaic train --autotune K`: the plans measured at start-up, the one trained ---------------
+
+@renderer("train-autotune")
+def train_autotune(results: Path, arg: str | None) -> str:
+    """Each `*_plan.json` (a run folder's plan.json) under results/ARG with its `*_summary.json`:
+    every candidate autotune measured, the one kept, its start-up, and the trained steps."""
+    if not arg:
+        raise RenderError("train-autotune needs a directory under results/")
+    rows = []
+    for path in sorted((results / arg).glob("*_plan.json")):
+        tuned = load(path)["meta"]["autotune"]
+        summary = load(path.with_name(path.name.replace("_plan.json", "_summary.json")))
+        kept = min(tuned["chosen_from"], key=lambda m: m["measured_s"])
+        for m in tuned["chosen_from"]:
+            settings = ", ".join(f"{k}={v}" for k, v in m["engine_settings"].items()) or "–"
+            rows.append([summary["model"], summary["preset"], str(summary["global_batch"]),
+                         m["label"] + (" (baseline)" if m["baseline"] else ""), settings,
+                         f"{m['predicted_s'] * 1e3:.2f}", f"{m['measured_s'] * 1e3:.2f}",
+                         "kept" if m is kept else "",
+                         f"{tuned['startup_s']:.1f}" if m is kept else "",
+                         f"{summary['step_time_median_s'] * 1e3:.2f}" if m is kept else ""])
+    return table(["model", "preset", "batch", "plan", "engine settings", "predicted, ms",
+                  "measured at start-up, ms", "", "autotune start-up, s",
+                  "trained, median step ms"], rows)
+
+
 # --- the optimizer step of bf16 weights (benchmarks/main_weights_step.py) -----------------------
 
 @renderer("main-weights-step")

@@ -192,3 +192,25 @@ def test_train_trains_with_the_engine_settings_autotune_chose(monkeypatch):
                                             None, 1, engine, d)
     assert plan == "the plan" and trained_with.bf16_flat_grads is False
     assert trained_with.bf16_weights and engine.bf16_flat_grads  # the given one is unchanged
+
+
+def test_a_cuda_error_while_measuring_says_to_train_without_autotune(monkeypatch):
+    """A CUDA error in a candidate's step (cuBLAS on OFASys `paper`, H200) poisons the
+    process: autotune names the way on instead of a bare traceback; other errors pass."""
+    from mosaic import autotune as tuning
+
+    model, graph, cluster, perf = _setup("clip")
+
+    def failing(message):
+        def measure(*args, **kwargs):
+            raise RuntimeError(message)
+        return measure
+
+    config = AutotuneConfig(k=1, **CPU)
+    monkeypatch.setattr(tuning, "measure_plans", failing(
+        "CUDA error: CUBLAS_STATUS_EXECUTION_FAILED when calling `cublasGemmEx(...)`"))
+    with pytest.raises(AutotuneError, match="drop --autotune"):
+        autotune(model, "tiny", graph, cluster, perf, config)
+    monkeypatch.setattr(tuning, "measure_plans", failing("shapes do not match"))
+    with pytest.raises(RuntimeError, match="shapes do not match"):
+        autotune(model, "tiny", graph, cluster, perf, config)

@@ -211,10 +211,16 @@ def autotune(model: Any, preset: str, graph: MMGraph, cluster: ClusterSpec, perf
         shared = share_from_rank0(lambda: _shared_candidates(graph, cluster, perf, config),
                                   d.device)
         plans = {k: Plan.from_dict(v) for k, v in shared["plans"].items()}
-        measured, _ = measure_plans(model, preset, graph, plans, cluster.gpu,
-                                    _bench_config(config),
-                                    {label: replace(config.engine, **PER_WEIGHT_UPDATE)
-                                     for label in _update_candidates(plans, config.engine)})
+        try:
+            measured, _ = measure_plans(model, preset, graph, plans, cluster.gpu,
+                                        _bench_config(config),
+                                        {label: replace(config.engine, **PER_WEIGHT_UPDATE)
+                                         for label in _update_candidates(plans, config.engine)})
+        except RuntimeError as exc:
+            failure = _device_failure(exc, plans)
+            if failure is None:
+                raise
+            raise failure from exc
     finally:
         from mosaic.engine.session import end_distributed
 
@@ -227,6 +233,18 @@ def autotune(model: Any, preset: str, graph: MMGraph, cluster: ClusterSpec, perf
         except (ProfileDBError, sqlite3.Error) as exc:  # the choice stands; only the record is lost
             warnings.warn(f"autotune: measurements not recorded in {db}: {exc}", stacklevel=2)
     return result
+
+
+def _device_failure(exc: RuntimeError, plans: dict[str, Plan]) -> AutotuneError | None:
+    """A CUDA error while measuring leaves this process's GPU context unusable, so no plan
+    can be trained in it: say so with the way on (OFASys `paper` with bf16 weights met one in
+    cuBLAS on the H200, 2026-12-03, while its planner's plan alone trained)."""
+    if "CUDA error" not in str(exc) and "CUBLAS_STATUS" not in str(exc):
+        return None
+    return AutotuneError(
+        f"autotune: measuring the candidate plans ({', '.join(plans)}) failed on the GPU "
+        f"({str(exc).splitlines()[0][:160]}); the process cannot go on after a CUDA error. "
+        f"Train the planner's plan instead: drop --autotune (or name one with --planner)")
 
 
 def autotune_recorded(model: Any, preset: str, graph: MMGraph, cluster: ClusterSpec,
