@@ -599,3 +599,22 @@ def test_a_refused_bench_writes_the_groups_before_and_every_difference(tmp_path,
     assert [r["planner"] for r in report["results"]] == ["megatron"]
     differences = report["checks"]["gradients"]["differences"]
     assert differences["mosaic"]["text"] == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("device, bf16, asked, warm", [
+    ("cuda", True, 2, 3), ("cuda", True, 5, 5), ("cuda", False, 2, 2), ("cpu", True, 2, 2)])
+def test_bf16_contenders_warm_up_until_their_update_is_captured(device, bf16, asked, warm):
+    """A bf16-weight contender's optimizer captures its update only after steps in a row with
+    the same gradients; timed before that, its update ran eagerly (autotune's two warm-up
+    steps timed a per-weight update 2.3x slow on the H200). A CPU captures nothing."""
+    from types import SimpleNamespace
+
+    from mosaic.engine.main_weights import STEPS_BEFORE_CAPTURE
+    from mosaic.engine.measure import _warmup_steps
+
+    setup = SimpleNamespace(device=torch.device(device))
+    contender = SimpleNamespace(session=SimpleNamespace(config=SimpleNamespace(bf16_weights=bf16)))
+    assert STEPS_BEFORE_CAPTURE + 1 == 3
+    assert _warmup_steps(setup, contender, BenchConfig(warmup_steps=asked)) == warm
+    user_program = SimpleNamespace(session=None)
+    assert _warmup_steps(setup, user_program, BenchConfig(warmup_steps=asked)) == asked
