@@ -257,3 +257,26 @@ def test_train_runs_like_bench_by_default_and_eagerly_on_a_cpu(tmp_path):
     assert ran["graphs"] is False and ran["compile"]["compiled"] == {}
     assert _compile_mode("auto") is None and _compile_mode("none") is None
     assert _compile_mode("max-autotune-gemm") == "max-autotune-gemm"
+
+
+def test_train_reports_its_compile_time_and_eager_modules(capsys):
+    """Compile time is start-up the user pays: the training line says how much, and which
+    modules fell back to eager and why (the engine logged it once already)."""
+    from types import SimpleNamespace
+
+    from mosaic.cli import DataName, _say_trained
+    from mosaic.plan import Plan
+
+    summary = {"model": "clip", "preset": "small", "planner": "megatron", "num_gpus": 1,
+               "first_loss": 2.0, "final_loss": 1.0, "step_time_median_s": 0.01,
+               "step_time_p90_s": 0.011, "samples_per_s": 800.0, "pool": {},
+               "device": "cuda:0", "host_launch_share": 0.2,
+               "compile": {"compiled": {"vision": {}, "text": {}}, "eager": {"align": "why"},
+                           "compile_s": {"vision": 30.0, "text": 12.5},
+                           "total_compile_s": 42.5}}
+    plan = Plan(model="clip", planner="megatron", num_gpus=1, stages=())
+    _say_trained(SimpleNamespace(summary=summary, plan=plan), DataName.synthetic)
+    assert "compile: 2 module(s) by Inductor, 42.5 s; eager: align (why)" in capsys.readouterr().out
+    _say_trained(SimpleNamespace(summary={**summary, "compile": {"compiled": {}}}, plan=plan),
+                 DataName.synthetic)
+    assert "compile:" not in capsys.readouterr().out

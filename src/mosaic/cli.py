@@ -582,6 +582,8 @@ def _say_trained(result, data) -> None:
         f"(p90 {summary['step_time_p90_s'] * 1e3:.1f}), {summary['samples_per_s']:.1f} samples/s, "
         f"SM quotas: {_quota_state(result.plan, summary['pool'])}"
     )
+    if compiled := _compile_line(summary.get("compile") or {}):
+        typer.echo(compiled)
     from mosaic.engine.steps import GuardChoice  # its bound says when the host bounds a step
 
     share = summary.get("host_launch_share")
@@ -593,6 +595,17 @@ def _say_trained(result, data) -> None:
                    f"waited; {remedy}")
     if data != DataName.synthetic:
         typer.echo(_eval_line(summary.get("eval"), result.plan.num_gpus))
+
+
+def _compile_line(report: dict) -> str | None:
+    """Start-up a user pays once (Inductor's cache serves the next run), and the modules that
+    fell back to eager with why; None when nothing was compiled."""
+    if not report.get("compiled"):
+        return None
+    eager = report.get("eager") or {}
+    return (f"compile: {len(report['compiled'])} module(s) by Inductor, "
+            f"{report.get('total_compile_s', 0.0):.1f} s"
+            + (f"; eager: {', '.join(f'{m} ({why})' for m, why in eager.items())}" if eager else ""))
 
 
 def _eval_line(evaluation: dict | None, num_gpus: int) -> str:
