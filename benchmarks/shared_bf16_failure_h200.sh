@@ -15,7 +15,7 @@ run() {  # name, seconds, planners, extra flags
   echo "$1 rc=$?"; tail -n 1 "$OUT/shared_bf16_$1.log" | cut -c1-300
 }
 run mosaic 75 mosaic "--compile none"
-run mosaic_per_weight 75 mosaic "--per-weight mosaic --compile none"
 run all_baselines 75 mosaic,megatron,distmm,spindle "--compile none"
 run autotune_set 75 mosaic,megatron,distmm,spindle "--per-weight mosaic --compile none"
+run all_baselines_fp32 75 mosaic,megatron,distmm,spindle "--fp32 --compile none"
 run autotune_set_compiled 200 mosaic,megatron,distmm,spindle "--per-weight mosaic --scope blocks"

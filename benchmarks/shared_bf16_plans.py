@@ -9,7 +9,7 @@ their medians or the error; run it once per set (a CUDA error ends the process's
 the GPU):
 
     PYTHONPATH=src python benchmarks/shared_bf16_plans.py ofasys paper 8 mosaic,megatron \
-        [--per-weight mosaic] [--compile none] [--out OUT.json]
+        [--per-weight mosaic] [--compile none] [--fp32] [--out OUT.json]
 """
 
 from __future__ import annotations
@@ -39,6 +39,8 @@ def main() -> None:
                         "weight at a time (bf16_flat_grads=false), as autotune's candidate")
     parser.add_argument("--compile", default="default", help="Inductor mode, or none")
     parser.add_argument("--scope", default="module", help="compile scope: module | blocks")
+    parser.add_argument("--fp32", action="store_true", help="fp32 weights under autocast "
+                        "instead (is it bf16 weights at all?)")
     parser.add_argument("--out", help="JSON file for the result")
     args = parser.parse_args()
 
@@ -48,7 +50,7 @@ def main() -> None:
     perf = make_perf_model("auto", cluster, preset=args.preset)
     plans = {p.planner: p for p in plan_all(graph, cluster, perf, args.planners.split(","))}
     engine = EngineConfig(graphs=True, compile=None if args.compile == "none" else args.compile,
-                          compile_scope=args.scope, bf16_weights=True)
+                          compile_scope=args.scope, bf16_weights=not args.fp32)
     engines = {}
     for planner in filter(None, args.per_weight.split(",")):
         label = variant_label(planner, PER_WEIGHT_UPDATE)
@@ -57,7 +59,8 @@ def main() -> None:
     config = BenchConfig(rounds=2, steps_per_round=3, warmup_steps=2, engine=engine,
                          user_programs=(), nvml_seconds=0.0)
     result = {"model": args.model, "preset": args.preset, "batch": args.batch,
-              "plans": list(plans), "compile": args.compile, "scope": args.scope}
+              "plans": list(plans), "compile": args.compile, "scope": args.scope,
+              "weights": "fp32" if args.fp32 else "bf16"}
     start = time.perf_counter()
     try:
         measured, _ = measure_plans(model, args.preset, graph, plans, cluster.gpu, config,
