@@ -277,6 +277,11 @@ def test_train_reports_its_compile_time_and_eager_modules(capsys):
     plan = Plan(model="clip", planner="megatron", num_gpus=1, stages=())
     _say_trained(SimpleNamespace(summary=summary, plan=plan), DataName.synthetic)
     assert "compile: 2 module(s) by Inductor, 42.5 s; eager: align (why)" in capsys.readouterr().out
+    _say_trained(SimpleNamespace(summary={**summary, "bf16_weights": True,
+                                          "bf16_flat_grads": False}, plan=plan),
+                 DataName.synthetic)  # autotune may choose the layout: the line says which
+    assert "plan=megatron (bf16 weights, updated a weight at a time) gpus=1" in (
+        capsys.readouterr().out)
     _say_trained(SimpleNamespace(summary={**summary, "compile": {"compiled": {}}}, plan=plan),
                  DataName.synthetic)
     assert "compile:" not in capsys.readouterr().out

@@ -576,7 +576,7 @@ def _training_plan(model: str, preset: str, batch: int | None, gpus: int, hardwa
 def _say_trained(result, data) -> None:
     summary = result.summary
     typer.echo(
-        f"{summary['model']} ({summary['preset']}) plan={summary['planner']} "
+        f"{summary['model']} ({summary['preset']}) plan={summary['planner']}{_weights(summary)} "
         f"gpus={summary['num_gpus']}: loss {summary['first_loss']:.4f} -> {summary['final_loss']:.4f}, "
         f"step {summary['step_time_median_s'] * 1e3:.1f} ms median "
         f"(p90 {summary['step_time_p90_s'] * 1e3:.1f}), {summary['samples_per_s']:.1f} samples/s, "
@@ -595,6 +595,15 @@ def _say_trained(result, data) -> None:
                    f"waited; {remedy}")
     if data != DataName.synthetic:
         typer.echo(_eval_line(summary.get("eval"), result.plan.num_gpus))
+
+
+def _weights(summary: dict) -> str:
+    """How the weights were kept, where not the fp32 default (autotune may choose the bf16
+    update's layout: the plan's name alone does not say it)."""
+    if not summary.get("bf16_weights"):
+        return ""
+    return (" (bf16 weights)" if summary.get("bf16_flat_grads", True)
+            else " (bf16 weights, updated a weight at a time)")
 
 
 def _compile_line(report: dict) -> str | None:

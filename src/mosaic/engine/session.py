@@ -438,6 +438,8 @@ class RankSession:
                 "grads_in_graph": self.config.grads_in_graph,
                 "reduce_dtype": self.config.reduce_dtype, "accumulation": self.config.accumulation,
                 "graphs": self.runner.graphed, "compile": self.config.compile,
+                "bf16_weights": self.config.bf16_weights,
+                "bf16_flat_grads": self.config.bf16_flat_grads,
                 "sharded": sorted(self.runner.sharded)}  # this rank's FSDP2 modules
 
     def close(self) -> None:
