@@ -45,6 +45,7 @@ from mosaic.engine.comm import FlatGrads, Key, PlanComm, routes_for, sample_rang
 from mosaic.engine.ddp import wrap_ddp
 from mosaic.engine.fsdp import shard_module
 from mosaic.engine.graphed import InGraphGradModule, fresh_cublas_workspaces
+from mosaic.engine.tensor_parallel import local_tensor
 from mosaic.engine.timer import Mark, Timer
 from mosaic.errors import MosaicError
 from mosaic.graph import MMGraph
@@ -232,6 +233,7 @@ class PlanRunner:
         """Each module's flat gradient buffer, where its home has one."""
         self._in_graph: dict[str, list[InGraphGradModule]] = {}
         """Modules whose backward graphs leave the gradients (one per micro-batch)."""
+        self._param_lists: dict[str, list[nn.Parameter]] = {}
         self._reducing: list[Any] = []
         """Their all-reduces in flight, waited for at the end of the step."""
         self._ddp_pending = self.config.grad_sync == "ddp"
@@ -331,6 +333,21 @@ class PlanRunner:
     def parameters(self) -> list[nn.Parameter]:
         """Parameters of the modules on this rank (what this rank's optimizer updates)."""
         return [p for m in self.local for p in self.modules[m].parameters()]
+
+    def gradients(self, m: str) -> list[torch.Tensor]:
+        """Module m's gradients after a step, in as few tensors as hold them all (for a check
+        of every element; read, not written): its flat buffers where the gradients are known
+        to be their views (its backward graph, or the flat all-reduce's repair, put them
+        there), else each parameter's (a TP or FSDP shard's local part). Walking the
+        module's tree for its parameters every step was the largest host cost of a graphed
+        CLIP `small` step under cProfile on the H200 (3.9 of 11.7 ms): the list is kept."""
+        if m not in self.local:
+            return []
+        if m in self._flat and (m in self._in_graph or self._homes[m].flat_sync):
+            return list(self._flat[m].buffers.values())
+        if m not in self._param_lists:
+            self._param_lists[m] = list(self.modules[m].parameters())
+        return [local_tensor(p.grad) for p in self._param_lists[m] if p.grad is not None]
 
     def local_batch(self, batch: dict[str, tuple[torch.Tensor, ...]]) -> dict[str, tuple[torch.Tensor, ...]]:
         """This rank's samples of each local module's own inputs, on the device.

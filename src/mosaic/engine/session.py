@@ -380,6 +380,10 @@ class RankSession:
     def parameters(self) -> list[nn.Parameter]:
         return self.runner.parameters()
 
+    def gradients(self, module: str) -> list[torch.Tensor]:
+        """The module's gradients on this rank after a step (PlanRunner.gradients)."""
+        return self.runner.gradients(module)
+
     def local_batch(self, batch: dict[str, tuple[torch.Tensor, ...]]) -> list[dict[str, Any]]:
         """This rank's samples of each micro-step, on the device (copies: call untimed)."""
         n = self.config.accumulation

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,7 +28,6 @@ import torch
 import torch.distributed as dist
 
 from mosaic.engine.runner import StepOutput
-from mosaic.engine.tensor_parallel import local_tensor
 from mosaic.engine.timer import Mark, Timer
 
 
@@ -112,8 +112,8 @@ class GuardChoice:
         return False
 
 
-def step_health(output: StepOutput, modules: dict[str, torch.nn.Module], names: list[str],
-                world_size: int, guard: str = "norms",
+def step_health(output: StepOutput, gradients: Callable[[str], list[torch.Tensor]],
+                names: list[str], world_size: int, guard: str = "norms",
                 stop_requested: bool = False) -> torch.Tensor:
     """[loss summed over ranks, ranks asked to stop, loss not finite, per name: some gradient
     not finite], on the device, summed over ranks there (a module may live on one rank; every
@@ -121,10 +121,8 @@ def step_health(output: StepOutput, modules: dict[str, torch.nn.Module], names: 
     loss = output.loss.detach().float().reshape(())
     stop = torch.full((), float(stop_requested), device=loss.device)
     parts = [loss, stop, (~torch.isfinite(loss)).float()]
-    for name in names:
-        # A TP shard's local gradient: the flags are summed over ranks anyway.
-        grads = [local_tensor(p.grad) for p in modules[name].parameters()
-                 if p.grad is not None] if name in modules else []
+    for name in names:  # a shard's local gradients: the flags are summed over ranks anyway
+        grads = gradients(name)
         parts.append(_not_finite(grads, guard) if grads
                      else torch.zeros((), device=loss.device))
     health = torch.stack([p.to(loss.device) for p in parts])
@@ -176,7 +174,7 @@ def launch_step(session: Any, optimizer: torch.optim.Optimizer | None, rows: lis
     if poison is not None:
         poison(session)
     names = sorted({p.module for s in session.plan.stages for p in s.placements})
-    health = step_health(output, session.modules, names, session.comm.world_size, guard,
+    health = step_health(output, session.gradients, names, session.comm.world_size, guard,
                          stop_requested)
     checked = None
     if skips_on_device(optimizer):
