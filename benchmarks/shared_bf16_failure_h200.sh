@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# PREPARED, NOT YET RUN. One H200, one device call (under 10 minutes), results under $1.
+# One H200, one device call (under 10 minutes), results under $1.
 # OFASys `paper` b8's `mosaic train --bf16-weights --autotune 1` failed in cuBLAS on
 # 2026-12-03 (the `structured` encoder's first GEMM, in the candidates' first step) while the
 # planner's plan alone trained. Which set of plans on the shared bf16 copy fails? Each set in
@@ -14,8 +14,29 @@ run() {  # name, seconds, planners, extra flags
     --out "$OUT/shared_bf16_$1.json" > "$OUT/shared_bf16_$1.log" 2>&1
   echo "$1 rc=$?"; tail -n 1 "$OUT/shared_bf16_$1.log" | cut -c1-300
 }
-run mosaic 75 mosaic "--compile none"
-run all_baselines 75 mosaic,megatron,distmm,spindle "--compile none"
-run autotune_set 75 mosaic,megatron,distmm,spindle "--per-weight mosaic --compile none"
-run all_baselines_fp32 75 mosaic,megatron,distmm,spindle "--fp32 --compile none"
-run autotune_set_compiled 200 mosaic,megatron,distmm,spindle "--per-weight mosaic --scope blocks"
+# First call (2026-12-03, eighteenth session, SETS=first): every set of mosaic's and the
+# baselines' plans trained (launches blocking), while `mosaic train` failed again; its top
+# candidate was gahc's plan, whose seven encoders share one `free` stage. Second call
+# (SETS=gahc): gahc's plan alone fails in 2-6 s, bf16 weights or fp32 (launches not
+# blocking). Default (SETS=bisect, PREPARED, NOT YET RUN): what in gahc's plan fails, fp32
+# and eager modules so that each run is short: CUDA graphs? the high-priority stream? the
+# number of modules at once, or one of them (motion runs first)?
+case "${SETS:-bisect}" in
+first)
+  run mosaic 75 mosaic "--compile none"
+  run all_baselines 75 mosaic,megatron,distmm,spindle "--compile none"
+  run autotune_set 75 mosaic,megatron,distmm,spindle "--per-weight mosaic --compile none"
+  run all_baselines_fp32 75 mosaic,megatron,distmm,spindle "--fp32 --compile none"
+  run autotune_set_compiled 200 mosaic,megatron,distmm,spindle "--per-weight mosaic --scope blocks";;
+gahc)
+  CUDA_LAUNCH_BLOCKING=0 run gahc_bf16 50 gahc "--compile none"
+  CUDA_LAUNCH_BLOCKING=0 run gahc_fp32 50 gahc "--fp32 --compile none";;
+bisect)
+  eager="--fp32 --compile none"
+  run gahc_blocking 60 gahc "$eager"
+  CUDA_LAUNCH_BLOCKING=0 run gahc_no_graphs 60 gahc "$eager --no-graphs"
+  CUDA_LAUNCH_BLOCKING=0 run gahc_priority_0 60 gahc "$eager --priority 0"
+  CUDA_LAUNCH_BLOCKING=0 run gahc_motion_structured 60 gahc "$eager --concurrent motion,structured"
+  CUDA_LAUNCH_BLOCKING=0 run gahc_without_motion 60 gahc "$eager --concurrent structured,vision,text,audio,imu,video"
+  CUDA_LAUNCH_BLOCKING=0 run gahc_vision_text_audio 60 gahc "$eager --concurrent vision,text,audio";;
+esac

@@ -10,6 +10,12 @@ the GPU):
 
     PYTHONPATH=src python benchmarks/shared_bf16_plans.py ofasys paper 8 mosaic,megatron \
         [--per-weight mosaic] [--compile none] [--fp32] [--out OUT.json]
+
+The eighteenth session found the failing plan: gahc's, alone, fp32 weights too (its seven
+encoders share one `free` stage; mosaic's plan caps two of them with green contexts and
+trains). The plan's shape can be varied to find what in it fails: `--no-graphs`,
+`--priority 0` (no high-priority stream), `--concurrent MODS` (only these stay in the
+concurrent stage, the others run one by one before it).
 """
 
 from __future__ import annotations
@@ -25,8 +31,26 @@ from mosaic.engine.measure import BenchConfig, measure_plans, variant_label
 from mosaic.engine.session import EngineConfig
 from mosaic.hardware import make_cluster
 from mosaic.perf import make_perf_model
+from mosaic.plan import Plan, Stage
 from mosaic.planners import plan_all
 from mosaic.zoo import get_model
+
+
+def reshaped(plan: Plan, priority: int | None, concurrent: str) -> Plan:
+    """`plan` with every stream at `priority` (None: as planned) and, when `concurrent` names
+    modules, each concurrent stage cut down to those, its other modules one by one before."""
+    keep = set(filter(None, concurrent.split(",")))
+    stages = []
+    for stage in plan.stages:
+        placements = tuple(p if priority is None else replace(p, priority=priority)
+                           for p in stage.placements)
+        if keep and stage.sharing != "temporal":
+            stages += [Stage(placements=(p,), sharing="temporal") for p in placements
+                       if p.module not in keep]
+            placements = tuple(p for p in placements if p.module in keep)
+        if placements:
+            stages.append(Stage(placements=placements, sharing=stage.sharing))
+    return replace(plan, stages=tuple(stages))
 
 
 def main() -> None:
@@ -41,6 +65,11 @@ def main() -> None:
     parser.add_argument("--scope", default="module", help="compile scope: module | blocks")
     parser.add_argument("--fp32", action="store_true", help="fp32 weights under autocast "
                         "instead (is it bf16 weights at all?)")
+    parser.add_argument("--no-graphs", action="store_true", help="eager steps, no CUDA graphs")
+    parser.add_argument("--priority", type=int, choices=(0, 1), help="every stream at this "
+                        "priority instead of the plan's")
+    parser.add_argument("--concurrent", default="", help="comma-separated modules kept in "
+                        "each concurrent stage; the stage's others run one by one before it")
     parser.add_argument("--out", help="JSON file for the result")
     args = parser.parse_args()
 
@@ -48,8 +77,9 @@ def main() -> None:
     graph = model.graph(args.preset, global_batch=args.batch)
     cluster = make_cluster(1, "h200")
     perf = make_perf_model("auto", cluster, preset=args.preset)
-    plans = {p.planner: p for p in plan_all(graph, cluster, perf, args.planners.split(","))}
-    engine = EngineConfig(graphs=True, compile=None if args.compile == "none" else args.compile,
+    plans = {p.planner: reshaped(p, args.priority, args.concurrent)
+             for p in plan_all(graph, cluster, perf, args.planners.split(","))}
+    engine = EngineConfig(graphs=not args.no_graphs, compile=None if args.compile == "none" else args.compile,
                           compile_scope=args.scope, bf16_weights=not args.fp32)
     engines = {}
     for planner in filter(None, args.per_weight.split(",")):
@@ -60,7 +90,10 @@ def main() -> None:
                          user_programs=(), nvml_seconds=0.0)
     result = {"model": args.model, "preset": args.preset, "batch": args.batch,
               "plans": list(plans), "compile": args.compile, "scope": args.scope,
-              "weights": "fp32" if args.fp32 else "bf16"}
+              "weights": "fp32" if args.fp32 else "bf16", "graphs": not args.no_graphs,
+              "priority": args.priority, "concurrent": args.concurrent,
+              "stages": {k: [[s.sharing, *s.modules] for s in p.stages]
+                         for k, p in plans.items()}}
     start = time.perf_counter()
     try:
         measured, _ = measure_plans(model, args.preset, graph, plans, cluster.gpu, config,

@@ -118,16 +118,17 @@ def test_steps_in_flight_train_as_steps_read_one_by_one(graphs):
     assert_state_close(state_of(in_flight.modules), state_of(one_by_one.modules))
 
 
-def _clean_and_skipped(monkeypatch, nan_step: int):
-    """ImageBind tiny, fp32, trained `nan_step` steps clean, then one step more with a NaN
+def _clean_and_skipped(monkeypatch, nan_step: int, engine: EngineConfig = FP32,
+                       preset: str = "tiny"):
+    """ImageBind (tiny: fp32), trained `nan_step` steps clean, then one step more with a NaN
     gradient at `nan_step` and --skip-nonfinite."""
     from mosaic.zoo import get_model
 
-    plan = one_gpu_plans(get_model("imagebind").graph("tiny"))["temporal"]
+    plan = one_gpu_plans(get_model("imagebind").graph(preset))["temporal"]
 
     def run(steps: int):
-        return train(TrainConfig(model="imagebind", preset="tiny", plan=plan, steps=steps,
-                                 warmup_steps=1, engine=FP32, device="cuda", progress=False,
+        return train(TrainConfig(model="imagebind", preset=preset, plan=plan, steps=steps,
+                                 warmup_steps=1, engine=engine, device="cuda", progress=False,
                                  skip_nonfinite=True))
 
     clean = run(nan_step)
@@ -150,5 +151,15 @@ def test_a_host_bound_run_turns_to_the_fused_check_and_still_skips_a_nan_step(mo
     skipped on the GPU."""
     clean, skipped = _clean_and_skipped(monkeypatch, 6)
     assert skipped.summary["nan_guard"] == "check"
+    assert [("skipped" in r) for r in skipped.steps] == [False] * 6 + [True]
+    assert_state_close(state_of(skipped.modules), state_of(clean.modules))
+
+
+def test_a_nan_in_a_flat_gradient_buffer_is_skipped_by_the_captured_update(monkeypatch):
+    """bf16 weights, graphed: the health check reads each module's flat gradient buffer (the
+    NaN lands in a parameter's view of it) and the update, bf16 and fp32 parameters captured
+    as one graph since step 3, skips on the device (`small`: its large weights are bf16)."""
+    engine = EngineConfig(graphs=True, compile=None, bf16_weights=True)
+    clean, skipped = _clean_and_skipped(monkeypatch, 6, engine, "small")
     assert [("skipped" in r) for r in skipped.steps] == [False] * 6 + [True]
     assert_state_close(state_of(skipped.modules), state_of(clean.modules))
