@@ -138,20 +138,27 @@ def test_resume_continues_the_exact_loss_curve(tmp_path, name, optimizer):
     assert_bitwise(flat_state(runner2.modules, opt2), flat_state(runner.modules, opt))
 
 
+def _as_fresh(opt: torch.optim.Optimizer) -> bool:
+    """No optimizer state, or only the zeros AdamW starts from (MainWeightsAdamW makes its
+    state up front, in the layout its captured step reads)."""
+    return all(not torch.is_tensor(v) or not torch.count_nonzero(v)
+               for state in opt.state.values() for v in state.values())
+
+
 def test_save_before_the_first_step_changes_nothing(tmp_path):
     """DCP creates a fresh AdamW's state with a zero step (step=1); the save must undo it, and
-    a resume from it must start without state, like the run that saved it."""
+    a resume from it must start from a fresh state, like the run that saved it."""
     model = ToyModel("toyclip")
     plan = one_gpu_plans(model.graph("tiny"))["temporal"]
     runner, opt = make_job(model, plan)
     save_checkpoint(tmp_path, 0, runner.modules, opt)
-    assert not opt.state
+    assert _as_fresh(opt)
     losses = train_steps(model, runner, opt, range(3))
     untouched_runner, untouched_opt = make_job(model, plan)
     assert train_steps(model, untouched_runner, untouched_opt, range(3)) == losses
     resumed_runner, resumed_opt = make_job(model, plan, seed=1)
     assert load_checkpoint(tmp_path, resumed_runner.modules, resumed_opt).step == 0
-    assert not resumed_opt.state
+    assert _as_fresh(resumed_opt)
     assert train_steps(model, resumed_runner, resumed_opt, range(3)) == losses
 
 

@@ -27,6 +27,7 @@ captured as one CUDA graph once the gradients sit at the same addresses a few st
 from __future__ import annotations
 
 import functools
+import warnings
 from collections.abc import Iterable
 from typing import Any
 
@@ -42,9 +43,11 @@ MIN_ELEMENTS = 1 << 16
 STEPS_BEFORE_CAPTURE = 2
 """Eager steps with the same gradient addresses before the step is captured (the first
 compiles the update kernel; capture replays what ran)."""
-MAX_GRAPHS = 8
+MAX_GRAPHS = 32
 """Captured steps kept, one per gradient layout: a bench's plans sharing one optimizer leave
-their gradients at addresses of their own (training keeps one layout)."""
+their gradients at addresses of their own (training keeps one layout). A bench times every
+planner's plan and its variants with the one optimizer: past this many, the later ones would
+update eagerly while timed. A layout is captured only after repeating three steps running."""
 
 
 def cast_weights_bf16(modules: Iterable[nn.Module],
@@ -258,6 +261,8 @@ class MainWeightsAdamW(torch.optim.Optimizer):
         self._bind_update()
         self._last_key: tuple[int, ...] | None = None
         self._repeats = 0
+        self.capture_failed: str | None = None
+        """Why the step could not be captured (it then runs eagerly), or None."""
 
     def _add_flat_state(self, run: list[nn.Parameter]) -> None:
         """AdamW's state of weights that lie side by side (one module's, cast_weights_bf16),
@@ -325,12 +330,19 @@ class MainWeightsAdamW(torch.optim.Optimizer):
         self._repeats = self._repeats + 1 if key == self._last_key else 1
         self._last_key = key
         if not (self._step.is_cuda and self._repeats > STEPS_BEFORE_CAPTURE
-                and len(self.graphs) < MAX_GRAPHS):
+                and len(self.graphs) < MAX_GRAPHS and self.capture_failed is None):
             self._update_all()
             return
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        try:
+            with torch.cuda.graph(graph):
+                self._update_all()
+        except RuntimeError as error:  # the update still runs, launched eagerly from now on
+            self.capture_failed = f"{type(error).__name__}: {str(error).splitlines()[0]}"
+            warnings.warn(f"the optimizer step runs eagerly: its CUDA-graph capture failed "
+                          f"({self.capture_failed})", stacklevel=3)
             self._update_all()
+            return
         self.graphs[key] = graph
         graph.replay()  # capture records the step without running it
 

@@ -714,13 +714,12 @@ def _timed_rounds(s: _Setup, config: BenchConfig) -> dict[str, list[tuple[float,
 
 
 def _warmup_steps(s: _Setup, c: _Contender, config: BenchConfig) -> int:
-    """Untimed steps before `c`'s timed rounds: at least enough for a bf16-weight contender's
-    optimizer to capture its update (after STEPS_BEFORE_CAPTURE steps in a row with the same
-    gradients, on a GPU). With fewer, as autotune's two, its first round updated eagerly and
-    captured while timed, likely why autotune on the H200 (2026-12-03) timed CLIP `small`
-    b32 updating a weight at a time (eagerly: a compiled call a weight, from the host) at
-    18.86 ms a step and the flat update at 8.24."""
-    if c.session is not None and c.session.config.bf16_weights and s.device.type == "cuda":
+    """Untimed steps before `c`'s timed rounds: at least enough for a plan's optimizer to
+    capture its update (MainWeightsAdamW: after STEPS_BEFORE_CAPTURE steps in a row with the
+    same gradients, on a GPU). With fewer, as autotune's two, its first round updated eagerly
+    and captured while timed: autotune on the H200 timed CLIP `small` b32 updating a weight
+    at a time at 18.86 ms a step (2026-12-03), 8.33 once warmed up (its flat update 8.15)."""
+    if c.session is not None and s.device.type == "cuda":  # a plan, not a user's program
         return max(config.warmup_steps, STEPS_BEFORE_CAPTURE + 1)
     return config.warmup_steps
 
