@@ -602,11 +602,12 @@ def test_a_refused_bench_writes_the_groups_before_and_every_difference(tmp_path,
 
 
 @pytest.mark.parametrize("device, bf16, asked, warm", [
-    ("cuda", True, 2, 3), ("cuda", True, 5, 5), ("cuda", False, 2, 2), ("cpu", True, 2, 2)])
-def test_bf16_contenders_warm_up_until_their_update_is_captured(device, bf16, asked, warm):
-    """A bf16-weight contender's optimizer captures its update only after steps in a row with
-    the same gradients; timed before that, its update ran eagerly (autotune's two warm-up
-    steps timed a per-weight update 2.3x slow on the H200). A CPU captures nothing."""
+    ("cuda", True, 2, 3), ("cuda", True, 5, 5), ("cuda", False, 2, 3), ("cpu", True, 2, 2)])
+def test_plans_warm_up_until_their_update_is_captured(device, bf16, asked, warm):
+    """A plan's optimizer (MainWeightsAdamW, fp32 or bf16 weights) captures its update only
+    after steps in a row with the same gradients; timed before that, its update ran eagerly
+    (autotune's two warm-up steps timed a per-weight update 2.3x slow on the H200). A CPU
+    captures nothing; a user's program keeps the warm-up asked for."""
     from types import SimpleNamespace
 
     from mosaic.engine.main_weights import STEPS_BEFORE_CAPTURE
