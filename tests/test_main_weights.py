@@ -117,6 +117,48 @@ def test_main_weights_step_as_fp32_adamw_fed_the_same_gradients(weight_decay):
     assert torch.count_nonzero(unused) == 0
 
 
+def test_fp32_parameters_alone_step_as_adamw_and_a_failed_capture_leaves_the_step_eager(
+        monkeypatch):
+    """Without bf16 weights the optimizer is torch's fused AdamW (what make_optimizer gives
+    every plain fp32 run). Where its capture fails (faked here: a CPU captures nothing), it
+    warns once, never tries again, and every step is still applied."""
+    from mosaic.engine.session import make_optimizer
+
+    torch.manual_seed(0)
+    params = [nn.Parameter(torch.randn(6, 4)), nn.Parameter(torch.randn(5))]
+    reference = [nn.Parameter(p.detach().clone()) for p in params]
+    optimizer = make_optimizer("adamw", params, LR, WEIGHT_DECAY)
+    assert isinstance(optimizer, MainWeightsAdamW) and not optimizer.bf16
+    adamw = torch.optim.AdamW(reference, lr=LR, weight_decay=WEIGHT_DECAY, foreach=False)
+    captures = []
+
+    class FailingCapture:
+        def __init__(self, graph):
+            captures.append(graph)
+
+        def __enter__(self):
+            raise RuntimeError("operation not permitted when stream is capturing")
+
+        def __exit__(self, *exc):
+            return False
+
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", object)
+    monkeypatch.setattr(torch.cuda, "graph", FailingCapture)
+    optimizer._captures = True
+    for p in params:  # the same addresses every step, as the backward graphs leave them
+        p.grad = torch.empty_like(p)
+    with pytest.warns(UserWarning, match="runs eagerly"):
+        for step in range(STEPS):
+            for p, r, g in zip(params, reference, _grads(params, step), strict=True):
+                p.grad.copy_(g)
+                r.grad = g.clone()
+            optimizer.step()
+            adamw.step()
+    assert len(captures) == 1 and "not permitted" in optimizer.capture_failed
+    for got, want in zip(params, reference, strict=True):
+        torch.testing.assert_close(got.detach(), want.detach(), rtol=1e-5, atol=1e-6)
+
+
 def test_a_parameter_that_is_not_one_flat_view_is_refused():
     weight = nn.Parameter(torch.randn(2, 3, 4, 4).to(torch.bfloat16)
                           .to(memory_format=torch.channels_last))

@@ -27,7 +27,8 @@ STEPS = 6
 
 def test_the_captured_compiled_step_updates_as_the_eager_one():
     """Gradients rewritten in place each step (as the backward graphs do): after the eager
-    steps the step is one CUDA graph, and weights and main weights match the CPU's."""
+    steps the step, bf16 and fp32 parameters, is one CUDA graph, and weights and main weights
+    match the CPU's, also after the learning rate changed."""
     torch.manual_seed(0)
     shapes = [(1024, 768), (768,), (3, 5, 7)]
     starts = [torch.randn(s) for s in shapes]
@@ -39,6 +40,8 @@ def test_the_captured_compiled_step_updates_as_the_eager_one():
         grads = [torch.empty(p.shape, dtype=p.dtype, device=device) for p in params]
         optimizer = MainWeightsAdamW(params, 1e-3, weight_decay=0.01)
         for step in range(STEPS):
+            if step == STEPS - 1:  # after the capture: the graph reads the lr from the device
+                optimizer.param_groups[0]["lr"] = 5e-4
             generator = torch.Generator().manual_seed(step)
             for p, g in zip(params, grads, strict=True):
                 g.copy_(torch.randn(p.shape, generator=generator))

@@ -263,6 +263,7 @@ class MainWeightsAdamW(torch.optim.Optimizer):
         self._repeats = 0
         self.capture_failed: str | None = None
         """Why the step could not be captured (it then runs eagerly), or None."""
+        self._captures = device.type == "cuda"
 
     def _add_flat_state(self, run: list[nn.Parameter]) -> None:
         """AdamW's state of weights that lie side by side (one module's, cast_weights_bf16),
@@ -329,7 +330,7 @@ class MainWeightsAdamW(torch.optim.Optimizer):
             return
         self._repeats = self._repeats + 1 if key == self._last_key else 1
         self._last_key = key
-        if not (self._step.is_cuda and self._repeats > STEPS_BEFORE_CAPTURE
+        if not (self._captures and self._repeats > STEPS_BEFORE_CAPTURE
                 and len(self.graphs) < MAX_GRAPHS and self.capture_failed is None):
             self._update_all()
             return
