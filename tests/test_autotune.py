@@ -214,3 +214,24 @@ def test_a_cuda_error_while_measuring_says_to_train_without_autotune(monkeypatch
     monkeypatch.setattr(tuning, "measure_plans", failing("shapes do not match"))
     with pytest.raises(RuntimeError, match="shapes do not match"):
         autotune(model, "tiny", graph, cluster, perf, config)
+
+
+def test_a_cuda_error_names_the_candidate_whose_step_raised_it(monkeypatch):
+    """The candidates share one process: the message says whose step the error came from
+    (on the H200 it was gahc's plan of OFASys `paper`, among five candidates)."""
+    from mosaic import autotune as tuning
+    from mosaic.engine.measure import measure_plans
+    from mosaic.engine.session import RankSession
+
+    model, graph, cluster, perf = _setup("clip")
+    monkeypatch.setattr(tuning, "measure_plans", measure_plans)  # the real one
+    step = RankSession.step
+
+    def megatron_fails(self, data):
+        if self.plan.planner == "megatron":
+            raise RuntimeError("CUDA error: CUBLAS_STATUS_EXECUTION_FAILED when calling ...")
+        return step(self, data)
+
+    monkeypatch.setattr(RankSession, "step", megatron_fails)
+    with pytest.raises(AutotuneError, match="in 'megatron''s step .*drop --autotune"):
+        autotune(model, "tiny", graph, cluster, perf, AutotuneConfig(k=1, **CPU))

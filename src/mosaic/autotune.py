@@ -241,10 +241,13 @@ def _device_failure(exc: RuntimeError, plans: dict[str, Plan]) -> AutotuneError 
     cuBLAS on the H200, 2026-12-03, while its planner's plan alone trained)."""
     if "CUDA error" not in str(exc) and "CUBLAS_STATUS" not in str(exc):
         return None
+    whose = getattr(exc, "contender", None)
+    where = f" in {whose!r}'s step" if whose else ""
     return AutotuneError(
-        f"autotune: measuring the candidate plans ({', '.join(plans)}) failed on the GPU "
-        f"({str(exc).splitlines()[0][:160]}); the process cannot go on after a CUDA error. "
-        f"Train the planner's plan instead: drop --autotune (or name one with --planner)")
+        f"autotune: measuring the candidate plans ({', '.join(plans)}) failed on the GPU"
+        f"{where} ({str(exc).splitlines()[0][:160]}); the process cannot go on after a CUDA "
+        f"error. Train the planner's plan instead: drop --autotune (or name one with "
+        f"--planner)")
 
 
 def autotune_recorded(model: Any, preset: str, graph: MMGraph, cluster: ClusterSpec,

@@ -527,13 +527,30 @@ def _world_sum(values: list[float], device: torch.device, op: str = "sum") -> li
     return [float(v) for v in t.tolist()]
 
 
+def _name(error: RuntimeError, label: str, when: str) -> None:
+    """Mark `error` with the contender whose step raised it: the plans share one process, so
+    a CUDA error alone does not say whose kernels failed (`error.contender`, and a note)."""
+    error.contender = label
+    error.add_note(f"mosaic bench: raised in {label!r}'s step, {when}")
+
+
+def _step(c: _Contender) -> torch.Tensor:
+    """c's forward and backward outside the timed rounds, each ending in a sync, so a CUDA
+    fault raised here is this contender's (or, launched asynchronously, one since the last)."""
+    try:
+        return c.step()
+    except RuntimeError as error:
+        _name(error, c.label, "checking it against the others")
+        raise
+
+
 # --- equivalence: losses and gradients at identical weights ------------------------------------
 def _losses(s: _Setup) -> dict[str, float]:
     """Every contender's loss at the current (identical) weights, summed over ranks; no update."""
     losses = {}
     for label, c in s.contenders.items():
         _zero_grads(s)
-        (losses[label],) = _world_sum([float(c.step().item())], s.device)
+        (losses[label],) = _world_sum([float(_step(c).item())], s.device)
     _zero_grads(s)
     return losses
 
@@ -551,7 +568,7 @@ def _module_grads(s: _Setup, c: _Contender) -> dict[str, torch.Tensor]:
     """One flat fp32 gradient per module this contender trains on this rank (zeros where a
     parameter got none), after one forward and backward at the current weights."""
     _zero_grads(s)
-    c.step()
+    _step(c)
     held = {id(p) for p in c.params}
     grads = {}
     for name, module in (c.modules or s.modules).items():
@@ -680,8 +697,8 @@ def _one_step(s: _Setup, c: _Contender) -> tuple[float, float]:
         seconds = s.timer.seconds(start, s.timer.mark())
         finite = math.isfinite(loss.item())
     except RuntimeError as error:  # CUDA faults surface at the next sync: say whose step it was
-        error.add_note(f"mosaic bench: raised while timing {c.label!r} (a step ends in a sync, "
-                       "so the fault is in this contender's step or optimizer step)")
+        _name(error, c.label, "while timing it (a step ends in a sync, so the fault is in "
+              "its step or optimizer step)")
         raise
     if not finite:
         raise BenchError(f"{c.label!r}: loss became non-finite; lower --lr")
