@@ -2,7 +2,8 @@
 # PREPARED, NOT YET RUN. One H200, one device call (under 10 minutes), results under $1.
 # The eighteenth session captured torch's fused AdamW as a CUDA graph (fp32 runs, and the fp32
 # parameters of bf16 runs) and cut a trained step's per-step host walks, on the CPU only:
-# 1. the GPU tests of the captured update and of the NaN guard over flat gradient buffers;
+# 1. the GPU tests of the captured update (also on a module's own stream: overlapped) and of
+#    the NaN guard over flat gradient buffers;
 # 2. `mosaic train clip --preset small --batch 32`, fp32 and bf16 weights, 300 steps: step and
 #    host-launch medians (bf16 before: 10.1 ms a step, 9.5 launching), then the bf16 run's
 #    steady steps under cProfile (before: train-host-profile-h200/);
@@ -12,7 +13,7 @@ OUT=${1:?usage: captured_optimizer_h200.sh OUT}
 mkdir -p "$OUT"
 export PYTHONPATH=src PYTHONUNBUFFERED=1
 timeout 180 python -m pytest -q -m gpu -p no:cacheprovider tests/gpu/test_main_weights_gpu.py \
-  tests/gpu/test_engine_gpu.py -k "captured or one_launch or nan" > "$OUT/gpu_tests.log" 2>&1
+  tests/gpu/test_engine_gpu.py -k "captured or one_launch or nan or overlapped" > "$OUT/gpu_tests.log" 2>&1
 echo "gpu tests rc=$?"; tail -n 2 "$OUT/gpu_tests.log"
 for weights in fp32 bf16; do
   flag=(); [ "$weights" = bf16 ] && flag=(--bf16-weights)

@@ -133,8 +133,8 @@ def test_fp32_parameters_alone_step_as_adamw_and_a_failed_capture_leaves_the_ste
     captures = []
 
     class FailingCapture:
-        def __init__(self, graph):
-            captures.append(graph)
+        def __init__(self, graph, stream=None):
+            captures.append(stream)
 
         def __enter__(self):
             raise RuntimeError("operation not permitted when stream is capturing")
@@ -144,6 +144,9 @@ def test_fp32_parameters_alone_step_as_adamw_and_a_failed_capture_leaves_the_ste
 
     monkeypatch.setattr(torch.cuda, "CUDAGraph", object)
     monkeypatch.setattr(torch.cuda, "graph", FailingCapture)
+    module_stream = object()  # an overlapped optimizer's: captured on it, not aside
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda: module_stream)
+    monkeypatch.setattr(torch.cuda, "default_stream", object)
     optimizer._captures = True
     for p in params:  # the same addresses every step, as the backward graphs leave them
         p.grad = torch.empty_like(p)
@@ -154,7 +157,7 @@ def test_fp32_parameters_alone_step_as_adamw_and_a_failed_capture_leaves_the_ste
                 r.grad = g.clone()
             optimizer.step()
             adamw.step()
-    assert len(captures) == 1 and "not permitted" in optimizer.capture_failed
+    assert captures == [module_stream] and "not permitted" in optimizer.capture_failed
     for got, want in zip(params, reference, strict=True):
         torch.testing.assert_close(got.detach(), want.detach(), rtol=1e-5, atol=1e-6)
 

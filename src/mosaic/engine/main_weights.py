@@ -335,8 +335,13 @@ class MainWeightsAdamW(torch.optim.Optimizer):
             self._update_all()
             return
         graph = torch.cuda.CUDAGraph()
+        # Captured on the caller's stream where capture may run (not the legacy default
+        # stream): a graph captured on another stream ignores a green context's SM quota when
+        # replayed on its stream (an overlapped optimizer steps on the module's own stream).
+        current = torch.cuda.current_stream()
+        stream = None if current == torch.cuda.default_stream() else current
         try:
-            with torch.cuda.graph(graph):
+            with torch.cuda.graph(graph, stream=stream):
                 self._update_all()
         except RuntimeError as error:  # the update still runs, launched eagerly from now on
             self.capture_failed = f"{type(error).__name__}: {str(error).splitlines()[0]}"
