@@ -520,9 +520,12 @@ class PlanRunner:
                     self.comm.group(self._grad_group(m)), divide_by, repair=m not in self._in_graph,
                     wire_dtype=REDUCE_DTYPES[self.config.reduce_dtype])
                 continue
+            group = self._grad_group(m)
+            if len(group) == 1:  # nothing to sum: skip a host walk over the parameters
+                continue
             # FSDP reduce-scattered a sharded module's gradients, but for the whole scalars
             params = self._whole_params[m] if m in self.sharded else self.modules[m].parameters()
-            self.comm.all_reduce_grads(list(params), self._grad_group(m), divide_by=divide_by,
+            self.comm.all_reduce_grads(list(params), group, divide_by=divide_by,
                                        wire_dtype=REDUCE_DTYPES[self.config.reduce_dtype])
 
     def _grads_final_at_backward(self, m: str) -> bool:
