@@ -18,10 +18,14 @@ run() {  # name, seconds, planners, extra flags
 # baselines' plans trained (launches blocking), while `mosaic train` failed again; its top
 # candidate was gahc's plan, whose seven encoders share one `free` stage. Second call
 # (SETS=gahc): gahc's plan alone fails in 2-6 s, bf16 weights or fp32 (launches not
-# blocking). Default (SETS=bisect, PREPARED, NOT YET RUN): what in gahc's plan fails, fp32
-# and eager modules so that each run is short: CUDA graphs? the high-priority stream? the
-# number of modules at once, or one of them (motion runs first)?
-case "${SETS:-bisect}" in
+# blocking). Third call (SETS=bisect): fp32 weights, eager modules: fails with launches
+# blocking, without CUDA graphs, with video's stream at normal priority, and with the six
+# encoders but motion at once; trains with motion+structured or vision+text+audio at once.
+# Fourth call (SETS=fewer): fails with structured+imu+video at once and with all but
+# structured (then in motion's first GEMM), trains with structured+vision+text+audio; a fixed
+# cuBLAS workspace (CUBLAS_WORKSPACE_CONFIG) or 32 hardware queues do not help. Default
+# (SETS=pairs): imu or video, and is it their convolutions' cuDNN?
+case "${SETS:-pairs}" in
 first)
   run mosaic 75 mosaic "--compile none"
   run all_baselines 75 mosaic,megatron,distmm,spindle "--compile none"
@@ -39,4 +43,19 @@ bisect)
   CUDA_LAUNCH_BLOCKING=0 run gahc_motion_structured 60 gahc "$eager --concurrent motion,structured"
   CUDA_LAUNCH_BLOCKING=0 run gahc_without_motion 60 gahc "$eager --concurrent structured,vision,text,audio,imu,video"
   CUDA_LAUNCH_BLOCKING=0 run gahc_vision_text_audio 60 gahc "$eager --concurrent vision,text,audio";;
+fewer)
+  eager="--fp32 --compile none"
+  export CUDA_LAUNCH_BLOCKING=0
+  run gahc_structured_imu_video 60 gahc "$eager --concurrent structured,imu,video"
+  run gahc_structured_vision_text_audio 60 gahc "$eager --concurrent structured,vision,text,audio"
+  run gahc_without_structured 60 gahc "$eager --concurrent motion,vision,text,audio,imu,video"
+  CUBLAS_WORKSPACE_CONFIG=:4096:8 run gahc_fixed_workspace 60 gahc "$eager"
+  CUDA_DEVICE_MAX_CONNECTIONS=32 run gahc_32_connections 60 gahc "$eager";;
+pairs)
+  eager="--fp32 --compile none"
+  export CUDA_LAUNCH_BLOCKING=0
+  run gahc_structured_imu 60 gahc "$eager --concurrent structured,imu"
+  run gahc_structured_video 60 gahc "$eager --concurrent structured,video"
+  run gahc_imu_video 60 gahc "$eager --concurrent imu,video"
+  run gahc_no_cudnn 60 gahc "$eager --no-cudnn";;
 esac

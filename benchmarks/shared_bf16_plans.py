@@ -15,7 +15,7 @@ The eighteenth session found the failing plan: gahc's, alone, fp32 weights too (
 encoders share one `free` stage; mosaic's plan caps two of them with green contexts and
 trains). The plan's shape can be varied to find what in it fails: `--no-graphs`,
 `--priority 0` (no high-priority stream), `--concurrent MODS` (only these stay in the
-concurrent stage, the others run one by one before it).
+concurrent stage, the others run one by one before it), `--no-cudnn`.
 """
 
 from __future__ import annotations
@@ -70,8 +70,14 @@ def main() -> None:
                         "priority instead of the plan's")
     parser.add_argument("--concurrent", default="", help="comma-separated modules kept in "
                         "each concurrent stage; the stage's others run one by one before it")
+    parser.add_argument("--no-cudnn", action="store_true", help="convolutions without "
+                        "cuDNN (torch.backends.cudnn.enabled = False)")
     parser.add_argument("--out", help="JSON file for the result")
     args = parser.parse_args()
+    if args.no_cudnn:
+        import torch
+
+        torch.backends.cudnn.enabled = False
 
     model = get_model(args.model)
     graph = model.graph(args.preset, global_batch=args.batch)
@@ -92,6 +98,7 @@ def main() -> None:
               "plans": list(plans), "compile": args.compile, "scope": args.scope,
               "weights": "fp32" if args.fp32 else "bf16", "graphs": not args.no_graphs,
               "priority": args.priority, "concurrent": args.concurrent,
+              "cudnn": not args.no_cudnn,
               "stages": {k: [[s.sharing, *s.modules] for s in p.stages]
                          for k, p in plans.items()}}
     start = time.perf_counter()

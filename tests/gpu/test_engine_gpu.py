@@ -158,8 +158,15 @@ def test_a_host_bound_run_turns_to_the_fused_check_and_still_skips_a_nan_step(mo
 def test_a_nan_in_a_flat_gradient_buffer_is_skipped_by_the_captured_update(monkeypatch):
     """bf16 weights, graphed: the health check reads each module's flat gradient buffer (the
     NaN lands in a parameter's view of it) and the update, bf16 and fp32 parameters captured
-    as one graph since step 3, skips on the device (`small`: its large weights are bf16)."""
+    as one graph since step 3, skips on the device (`small`: its large weights are bf16).
+    Attention runs on the math kernels: with the fused ones, 8 of the audio class token's 512
+    fp32 weights differed by up to 3.5e-4 between the clean and the skipped run on the H200
+    (a few elements, as Adam's sign flips on near-zero gradients of a backward that does not
+    sum in the same order every run; an applied update moves the whole tensor)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
     engine = EngineConfig(graphs=True, compile=None, bf16_weights=True)
-    clean, skipped = _clean_and_skipped(monkeypatch, 6, engine, "small")
+    with sdpa_kernel(SDPBackend.MATH):
+        clean, skipped = _clean_and_skipped(monkeypatch, 6, engine, "small")
     assert [("skipped" in r) for r in skipped.steps] == [False] * 6 + [True]
     assert_state_close(state_of(skipped.modules), state_of(clean.modules))
