@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# PREPARED, NOT YET RUN. One H200, one device call (under 10 minutes), results under $1.
+# Ran 2026-12-03 (nineteenth session; results captured-optimizer-h200/). One H200, one
+# device call (under 10 minutes), results under $1.
 # The eighteenth session captured torch's fused AdamW as a CUDA graph (fp32 runs, and the fp32
 # parameters of bf16 runs) and cut a trained step's per-step host walks, on the CPU only:
 # 1. the GPU tests of the captured update (also on a module's own stream: overlapped) and of
