@@ -235,3 +235,55 @@ def test_a_cuda_error_names_the_candidate_whose_step_raised_it(monkeypatch):
     monkeypatch.setattr(RankSession, "step", megatron_fails)
     with pytest.raises(AutotuneError, match="in 'megatron''s step .*drop --autotune"):
         autotune(model, "tiny", graph, cluster, perf, AutotuneConfig(k=1, **CPU))
+
+
+def test_a_cuda_error_in_a_skippable_candidate_says_how_to_skip_it(monkeypatch):
+    """gahc's plan of OFASys `paper` failed in cuBLAS on the H200 while the others trained:
+    the message names the flag that measures the rest; a baseline cannot be skipped."""
+    from mosaic import autotune as tuning
+    from mosaic.engine.measure import measure_plans
+    from mosaic.engine.session import RankSession
+
+    model, graph, cluster, perf = _setup("ofasys")
+    monkeypatch.setattr(tuning, "measure_plans", measure_plans)
+    step = RankSession.step
+    config = AutotuneConfig(k=1, **CPU)
+    plans, aliases = candidate_plans(graph, cluster, perf, 1, config.planners)
+    best = next(iter(plans.values()))
+
+    def best_fails(self, data):
+        if self.plan.planner == best.planner:
+            raise RuntimeError("CUDA error: CUBLAS_STATUS_EXECUTION_FAILED when calling ...")
+        return step(self, data)
+
+    monkeypatch.setattr(RankSession, "step", best_fails)
+    assert best.planner not in BASELINES  # mosaic's plan, made by mosaic-partition too
+    skip = "--autotune-skip " + ",".join([best.planner, *aliases[best.planner]])
+    with pytest.raises(AutotuneError, match=f"{skip}.*drop --autotune"):
+        autotune(model, "tiny", graph, cluster, perf, config)
+
+
+def test_autotune_skip_leaves_a_planner_out_and_keeps_the_baselines():
+    from mosaic.autotune import CANDIDATE_PLANNERS, autotune_planners
+
+    assert autotune_planners() == CANDIDATE_PLANNERS
+    kept = autotune_planners(["gahc", "exhaustive"])
+    assert "gahc" not in kept and "exhaustive" not in kept and set(BASELINES) <= set(kept)
+    _, graph, cluster, perf = _setup("ofasys")
+    plans, aliases = candidate_plans(graph, cluster, perf, 3, autotune_planners(["gahc"]))
+    named = {p.planner for p in plans.values()} | {a for al in aliases.values() for a in al}
+    assert "gahc" not in named and set(BASELINES) <= named
+    with pytest.raises(AutotuneError, match="--autotune-skip megatron: the baselines"):
+        autotune_planners(["megatron"])
+    with pytest.raises(AutotuneError, match="--autotune-skip nosuch: not a candidate planner"):
+        autotune_planners(["nosuch"])
+
+
+def test_train_refuses_autotune_skip_without_autotune_or_of_a_baseline(capsys):
+    from mosaic.cli import main
+
+    for args, message in ((["--autotune-skip", "gahc"], "add --autotune K"),
+                          (["--autotune", "1", "--autotune-skip", "spindle"], "the baselines")):
+        with pytest.raises(SystemExit):
+            main(["train", "clip", "--preset", "tiny", "--steps", "1", *args])
+        assert message in capsys.readouterr().err

@@ -24,6 +24,7 @@ import shutil
 import sqlite3
 import time
 import warnings
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from functools import partial
 from pathlib import Path
@@ -217,7 +218,7 @@ def autotune(model: Any, preset: str, graph: MMGraph, cluster: ClusterSpec, perf
                                         {label: replace(config.engine, **PER_WEIGHT_UPDATE)
                                          for label in _update_candidates(plans, config.engine)})
         except RuntimeError as exc:
-            failure = _device_failure(exc, plans)
+            failure = _device_failure(exc, plans, shared["aliases"])
             if failure is None:
                 raise
             raise failure from exc
@@ -235,7 +236,8 @@ def autotune(model: Any, preset: str, graph: MMGraph, cluster: ClusterSpec, perf
     return result
 
 
-def _device_failure(exc: RuntimeError, plans: dict[str, Plan]) -> AutotuneError | None:
+def _device_failure(exc: RuntimeError, plans: dict[str, Plan],
+                    aliases: dict[str, list[str]]) -> AutotuneError | None:
     """A CUDA error while measuring leaves this process's GPU context unusable, so no plan
     can be trained in it: say so with the way on (OFASys `paper` with bf16 weights met one in
     cuBLAS on the H200, 2026-12-03, while its planner's plan alone trained)."""
@@ -243,24 +245,45 @@ def _device_failure(exc: RuntimeError, plans: dict[str, Plan]) -> AutotuneError 
         return None
     whose = getattr(exc, "contender", None)
     where = f" in {whose!r}'s step" if whose else ""
+    planner = plans[whose].planner if whose in plans else None
+    same_plan = [planner, *aliases.get(planner, [])]  # planners that made the same plan
+    others = (f"Measure the other candidates: rerun with --autotune-skip {','.join(same_plan)}; "
+              "or train " if planner is not None and planner not in BASELINES else "Train ")
     return AutotuneError(
         f"autotune: measuring the candidate plans ({', '.join(plans)}) failed on the GPU"
         f"{where} ({str(exc).splitlines()[0][:160]}); the process cannot go on after a CUDA "
-        f"error. Train the planner's plan instead: drop --autotune (or name one with "
+        f"error. {others}the planner's plan instead: drop --autotune (or name one with "
         f"--planner)")
+
+
+def autotune_planners(skip: Sequence[str] = ()) -> tuple[str, ...]:
+    """The planners whose plans autotune measures, less `skip` (`--autotune-skip`: a planner
+    whose plan fails on the GPU). The baselines are always measured: they make sure the choice
+    is never slower than them."""
+    skippable = [p for p in CANDIDATE_PLANNERS if p not in BASELINES]
+    unknown = sorted(set(skip) - set(CANDIDATE_PLANNERS))
+    if unknown:
+        raise AutotuneError(f"--autotune-skip {','.join(unknown)}: not a candidate planner; "
+                            f"skip some of {', '.join(skippable)}")
+    baselines = sorted(set(skip) & set(BASELINES))
+    if baselines:
+        raise AutotuneError(f"--autotune-skip {','.join(baselines)}: the baselines "
+                            f"({', '.join(BASELINES)}) are always measured, so the choice is "
+                            f"never slower than them; skip some of {', '.join(skippable)}")
+    return tuple(p for p in CANDIDATE_PLANNERS if p not in skip)
 
 
 def autotune_recorded(model: Any, preset: str, graph: MMGraph, cluster: ClusterSpec,
                       perf: PerfModel, k: int, engine: EngineConfig, *, cpu: bool,
-                      ) -> tuple[AutotuneResult, Path | None]:
+                      skip: Sequence[str] = ()) -> tuple[AutotuneResult, Path | None]:
     """`autotune` as `mosaic train` and `mosaic bench` run it: on a GPU the measurements go
     to the profiled model's DB (the shipped one: a copy under runs/) for the next engine-term
     refit, and the DB is returned; CPU timings would only pollute it (brief steps, no DB)."""
     steps = {"steps_per_round": 1, "warmup_steps": 1} if cpu else {}
     rank0 = int(os.environ.get("RANK", "0")) == 0
     db = None if cpu or not rank0 else record_db_for(perf, cluster.gpu.name)
-    return autotune(model, preset, graph, cluster, perf,
-                    AutotuneConfig(k=k, engine=engine, **steps), db=db), db
+    config = AutotuneConfig(k=k, engine=engine, planners=autotune_planners(skip), **steps)
+    return autotune(model, preset, graph, cluster, perf, config, db=db), db
 
 
 def record_db_for(perf: PerfModel, hardware: str, folder: str | Path = "runs") -> Path | None:

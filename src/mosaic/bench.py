@@ -77,12 +77,14 @@ def run_bench(model: Any, graph: MMGraph, cluster: ClusterSpec, config: BenchCon
               preset: str | None = None, planners: Sequence[str] = DEFAULT_PLANNERS,
               perf_model: str = "auto", profile_db: str | Path | None = None,
               plans: Mapping[str, Plan] | Callable[[], Mapping[str, Plan]] | None = None,
-              variants: Sequence[dict[str, Any]] = (), autotune: int = 0) -> BenchRun:
+              variants: Sequence[dict[str, Any]] = (), autotune: int = 0,
+              autotune_skip: Sequence[str] = ()) -> BenchRun:
     """Measure `planners`' plans of `graph` (or the given `plans`, predicted here; a callable
     giving them runs on rank 0 only, its error raised on every rank) and the user programs
     of `config`. `variants`: engine settings to measure the plans again with
     (labelled PLAN@SETTINGS); `autotune` K: add the fastest of the K best predicted plans and
-    the baselines, measured briefly, as plan `autotune`."""
+    the baselines, measured briefly, as plan `autotune` (`autotune_skip`: planners left out of
+    its candidates)."""
     import torch
 
     from mosaic.engine.comm import share_from_rank0
@@ -115,7 +117,8 @@ def run_bench(model: Any, graph: MMGraph, cluster: ClusterSpec, config: BenchCon
         engines = {variant_label(k, s): engine_variant(config.engine, s)
                    for s in variants for k in measured if variant_label(k, s) in measured}
         tuned, tuned_db = (autotune_recorded(model, preset, graph, cluster, perf, autotune,
-                                             config.engine, cpu=d.device.type == "cpu")
+                                             config.engine, cpu=d.device.type == "cpu",
+                                             skip=autotune_skip)
                            if autotune else (None, None))
         if tuned is not None:
             measured["autotune"] = tuned.plan

@@ -460,6 +460,9 @@ def train(
     autotune: Annotated[int, typer.Option("--autotune", min=0, help="measure the K best predicted "
                                           "plans and the baselines briefly, train the fastest "
                                           "(0: off; not with --plan)")] = 0,
+    autotune_skip: Annotated[str, typer.Option("--autotune-skip", help="comma-separated "
+                                               "planners whose plans autotune leaves out (one "
+                                               "that failed on the GPU)")] = "",
     read_each_step: Annotated[bool, typer.Option(help="wait for each step before launching the "
                                                  "next (errors surface at their own step; "
                                                  "slower)")] = False,
@@ -494,6 +497,7 @@ def train(
     if autotune and plan_file is not None:
         raise OptionError("--autotune picks the plan by measurement, --plan gives one; pass one "
                           "of them")
+    skip = _autotune_skip(autotune_skip, autotune)
     if not bf16_flat_grads and not bf16_weights:
         raise OptionError("--no-bf16-flat-grads changes how bf16 weights are updated: add "
                           "--bf16-weights, or drop it")
@@ -517,7 +521,7 @@ def train(
                               bf16_flat_grads=bf16_flat_grads, timeline=out is not None)
         plan_obj, engine = (None, engine) if plan_file is not None else _training_plan(
             model, str(preset), batch, gpus or d.world_size, hardware, planner,
-            str(perf_model), profile_db, autotune, engine, d)
+            str(perf_model), profile_db, autotune, engine, d, skip)
         ckpt = (CheckpointConfig(directory=str(checkpoint_dir), every_steps=checkpoint_every,
                                  background=checkpoint_background)
                 if checkpoint_dir else None)
@@ -547,7 +551,7 @@ def train(
 
 def _training_plan(model: str, preset: str, batch: int | None, gpus: int, hardware,
                    planner: str | None, perf_model: str, profile_db: Path | None, autotune: int,
-                   engine, d):
+                   engine, d, skip: tuple[str, ...] = ()):
     """The plan `mosaic train` trains when no --plan is given, and the engine to train it
     with: the fastest measured of the best predicted (--autotune K; every rank measures,
     measure_plans is collective) with the engine settings it was measured with (with bf16
@@ -567,7 +571,7 @@ def _training_plan(model: str, preset: str, batch: int | None, gpus: int, hardwa
         return plan_on_rank0(graph, gpus, d.device, hardware=hardware,
                              planner=planner or "mosaic", perf_model=perf), engine
     tuned, tuned_db = autotune_recorded(get_model(model), preset, graph, cluster, perf,
-                                        autotune, engine, cpu=d.device.type == "cpu")
+                                        autotune, engine, cpu=d.device.type == "cpu", skip=skip)
     if d.rank == 0:
         _say_autotuned(tuned, tuned_db)
     return tuned.plan, dataclasses.replace(engine, **tuned.engine_settings)
@@ -720,6 +724,9 @@ def bench(
     autotune: Annotated[int, typer.Option("--autotune", min=0, help="also measure the K best "
                                           "predicted plans and the baselines briefly and add the "
                                           "fastest as plan `autotune` (0: off)")] = 0,
+    autotune_skip: Annotated[str, typer.Option("--autotune-skip", help="comma-separated "
+                                               "planners whose plans autotune leaves out (one "
+                                               "that failed on the GPU)")] = "",
     cpu_smoke: Annotated[bool, typer.Option("--cpu-smoke", help="run on CPU with tiny settings "
                                             "(1 round, 1 step, no CUDA graphs): checks that it "
                                             "runs, measures nothing")] = False,
@@ -739,6 +746,7 @@ def bench(
         _fail("mosaic bench measures on CUDA GPUs and this machine has none; run it on a GPU "
               "machine, or pass --cpu-smoke to check on CPU that it runs")
 
+    skip = _autotune_skip(autotune_skip, autotune)
     from mosaic.bench import run_bench
     from mosaic.engine.measure import BenchConfig, parse_variant
     from mosaic.engine.session import EngineConfig
@@ -770,7 +778,7 @@ def bench(
                     plans=(lambda: load_plans(plans_dir, names, graph, cluster))
                     if plans_dir is not None else None,
                     variants=[parse_variant(v) for v in engine_variants or []],
-                    autotune=autotune)
+                    autotune=autotune, autotune_skip=skip)
     if int(os.environ.get("RANK", "0")) != 0:
         return
     if run.autotune is not None:
@@ -804,6 +812,23 @@ def _log_progress() -> None:
         handler.setFormatter(logging.Formatter("mosaic %(message)s"))
         logger.addHandler(handler)
     logger.setLevel(logging.INFO)
+
+
+def _autotune_skip(names: str, autotune: int) -> tuple[str, ...]:
+    """--autotune-skip as planner names, checked before any set-up."""
+    skip = tuple(n.strip() for n in names.split(",") if n.strip())
+    if not skip:
+        return skip
+    if not autotune:
+        raise OptionError("--autotune-skip leaves planners out of --autotune's candidates: add "
+                          "--autotune K, or drop it")
+    from mosaic.autotune import AutotuneError, autotune_planners
+
+    try:
+        autotune_planners(skip)
+    except AutotuneError as exc:
+        raise OptionError(str(exc)) from exc
+    return skip
 
 
 def _say_autotuned(result, db: Path | None) -> None:
