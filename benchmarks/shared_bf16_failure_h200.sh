@@ -25,6 +25,10 @@ run() {  # name, seconds, planners, extra flags
 # structured (then in motion's first GEMM), trains with structured+vision+text+audio; a fixed
 # cuBLAS workspace (CUBLAS_WORKSPACE_CONFIG) or 32 hardware queues do not help. Default
 # (SETS=pairs): imu or video, and is it their convolutions' cuDNN?
+# gahc's plan alone with fp32 weights and eager modules (each run short), launches not
+# blocking: name, then the plan's reshaping flags (shared_bf16_plans.py).
+EAGER="--fp32 --compile none"
+gahc() { local name=$1; shift; CUDA_LAUNCH_BLOCKING=0 run "gahc_$name" 60 gahc "$EAGER $*"; }
 case "${SETS:-pairs}" in
 first)
   run mosaic 75 mosaic "--compile none"
@@ -36,26 +40,21 @@ gahc)
   CUDA_LAUNCH_BLOCKING=0 run gahc_bf16 50 gahc "--compile none"
   CUDA_LAUNCH_BLOCKING=0 run gahc_fp32 50 gahc "--fp32 --compile none";;
 bisect)
-  eager="--fp32 --compile none"
-  run gahc_blocking 60 gahc "$eager"
-  CUDA_LAUNCH_BLOCKING=0 run gahc_no_graphs 60 gahc "$eager --no-graphs"
-  CUDA_LAUNCH_BLOCKING=0 run gahc_priority_0 60 gahc "$eager --priority 0"
-  CUDA_LAUNCH_BLOCKING=0 run gahc_motion_structured 60 gahc "$eager --concurrent motion,structured"
-  CUDA_LAUNCH_BLOCKING=0 run gahc_without_motion 60 gahc "$eager --concurrent structured,vision,text,audio,imu,video"
-  CUDA_LAUNCH_BLOCKING=0 run gahc_vision_text_audio 60 gahc "$eager --concurrent vision,text,audio";;
+  run gahc_blocking 60 gahc "$EAGER"
+  gahc no_graphs --no-graphs
+  gahc priority_0 --priority 0
+  gahc motion_structured --concurrent motion,structured
+  gahc without_motion --concurrent structured,vision,text,audio,imu,video
+  gahc vision_text_audio --concurrent vision,text,audio;;
 fewer)
-  eager="--fp32 --compile none"
-  export CUDA_LAUNCH_BLOCKING=0
-  run gahc_structured_imu_video 60 gahc "$eager --concurrent structured,imu,video"
-  run gahc_structured_vision_text_audio 60 gahc "$eager --concurrent structured,vision,text,audio"
-  run gahc_without_structured 60 gahc "$eager --concurrent motion,vision,text,audio,imu,video"
-  CUBLAS_WORKSPACE_CONFIG=:4096:8 run gahc_fixed_workspace 60 gahc "$eager"
-  CUDA_DEVICE_MAX_CONNECTIONS=32 run gahc_32_connections 60 gahc "$eager";;
+  gahc structured_imu_video --concurrent structured,imu,video
+  gahc structured_vision_text_audio --concurrent structured,vision,text,audio
+  gahc without_structured --concurrent motion,vision,text,audio,imu,video
+  CUBLAS_WORKSPACE_CONFIG=:4096:8 gahc fixed_workspace
+  CUDA_DEVICE_MAX_CONNECTIONS=32 gahc 32_connections;;
 pairs)
-  eager="--fp32 --compile none"
-  export CUDA_LAUNCH_BLOCKING=0
-  run gahc_structured_imu 60 gahc "$eager --concurrent structured,imu"
-  run gahc_structured_video 60 gahc "$eager --concurrent structured,video"
-  run gahc_imu_video 60 gahc "$eager --concurrent imu,video"
-  run gahc_no_cudnn 60 gahc "$eager --no-cudnn";;
+  gahc structured_imu --concurrent structured,imu
+  gahc structured_video --concurrent structured,video
+  gahc imu_video --concurrent imu,video
+  gahc no_cudnn --no-cudnn;;
 esac
