@@ -24,7 +24,10 @@ run() {  # name, seconds, planners, extra flags
 # Fourth call (SETS=fewer): fails with structured+imu+video at once and with all but
 # structured (then in motion's first GEMM), trains with structured+vision+text+audio; a fixed
 # cuBLAS workspace (CUBLAS_WORKSPACE_CONFIG) or 32 hardware queues do not help. Default
-# (SETS=pairs): imu or video, and is it their convolutions' cuDNN?
+# (SETS=pairs): imu or video, and is it their convolutions' cuDNN? SETS=sanitize: the
+# structured+imu+video plan without the caching allocator (every tensor its own cudaMalloc,
+# so no block is reused across streams), then the same under compute-sanitizer's memcheck,
+# which names the first kernel that touches memory outside its allocations.
 # gahc's plan alone with fp32 weights and eager modules (each run short), launches not
 # blocking: name, then the plan's reshaping flags (shared_bf16_plans.py).
 EAGER="--fp32 --compile none"
@@ -57,4 +60,16 @@ pairs)
   gahc structured_video --concurrent structured,video
   gahc imu_video --concurrent imu,video
   gahc no_cudnn --no-cudnn;;
+sanitize)
+  THREE="--concurrent structured,imu,video --no-graphs"
+  PYTORCH_NO_CUDA_MEMORY_CACHING=1 gahc no_caching $THREE
+  sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer \
+    /opt/nvidia/*/compute-sanitizer 2>/dev/null | head -n 1)
+  echo "compute-sanitizer: ${sanitizer:-not found}"
+  [ -n "$sanitizer" ] && PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout 280 "$sanitizer" \
+    --tool memcheck --print-limit 20 --log-file "$OUT/memcheck.txt" \
+    python benchmarks/shared_bf16_plans.py ofasys paper 8 gahc $EAGER $THREE \
+    --out "$OUT/shared_bf16_memcheck.json" > "$OUT/shared_bf16_memcheck.log" 2>&1
+  echo "memcheck rc=$?"; grep -E "^=+ (Invalid|Program hit|ERROR SUMMARY)|^=+ +at " \
+    "$OUT/memcheck.txt" 2>/dev/null | head -n 12 | cut -c1-250;;
 esac

@@ -62,17 +62,27 @@ def test_bad_requests_name_the_field(kwargs, needle):
 # --- layout and checks ---------------------------------------------------------------------------
 def test_partitions_are_disjoint_within_a_group_and_reuse_sms_across_groups():
     requests = three_partitions(0, (72, 32, 24)) + [req("n0", num_sms=64, group=1)]
-    ranges = layout(requests, H200_UNITS)
+    ranges = layout(requests, H200_UNITS, structured=15)
     assert ranges == {"m0": (0, 9), "m1": (9, 13), "m2": (13, 16), "n0": (0, 8)}
     assert sum(H200_UNITS[13:16]) == 28  # the last partition absorbs the split's leftover SMs
 
 
 def test_caps_pack_while_they_fit_then_overlap():
     requests = [req("a", "cap", 96), req("b", "cap", 64), req("c", "cap", 8)]
-    ranges = layout(requests, H200_UNITS)
+    ranges = layout(requests, H200_UNITS, structured=15)
     assert ranges["a"] == (0, 12)
     assert ranges["b"] == (8, 16)  # shortest tail covering 64 SMs: 7 x 8 + 12
-    assert ranges["c"] == (15, 16)  # caps overlap rather than fail
+    assert ranges["c"] == (14, 16)  # caps overlap rather than fail, never on the leftover alone
+
+
+def test_no_quota_gets_the_splits_leftover_alone():
+    # On the H200 a context of only the 12 leftover SMs fails every cluster launch (cuBLAS's
+    # GEMMs): a cap that would land there takes the group before it too.
+    ranges = layout([req("front", "cap", 120), req("small", "cap", 8)], H200_UNITS, structured=15)
+    assert ranges == {"front": (0, 15), "small": (14, 16)}
+    assert layout([req("whole", "cap", 132)], H200_UNITS, structured=15)["whole"] == (0, 16)
+    with pytest.raises(green._GreenUnavailable, match=r"partition 'm1' \(8 SMs\).*leftover"):
+        layout(three_partitions(0, (120, 8)), H200_UNITS, structured=15)
 
 
 def test_pool_error_when_a_group_needs_more_sms_than_the_device():
@@ -256,6 +266,13 @@ def test_a_driver_error_falls_back_to_plain_streams_with_one_warning(fake_cuda, 
     assert pool.stream("m0") == ("plain", 0) and pool.stream("n0") == ("plain", -5)
     assert pool.sm_ranges()["m1"] == (9, 13)  # quotas still recorded for reports
     assert pool.describe()["fallback_reason"] == pool.fallback_reason
+
+
+def test_a_partition_left_only_the_leftover_falls_back_to_plain_streams(fake_cuda):
+    pool = SMPartitionPool.create(three_partitions(0, (120, 8)), gpu=H200)
+    assert pool.backend == "plain-streams" and "cannot run cluster launches" in pool.fallback_reason
+    assert fake_cuda.calls.count("cuGreenCtxCreate") == 0
+    assert pool.sm_ranges() == {"m0": (0, 15), "m1": (15, 16)}  # recorded on the promised units
 
 
 def test_missing_cuda_bindings_falls_back(fake_cuda, monkeypatch):

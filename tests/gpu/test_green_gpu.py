@@ -45,6 +45,24 @@ def test_stages_reuse_the_same_sms_through_one_context():
     assert seen["a"] == seen["c"] and not seen["a"] & seen["b"]
 
 
+def test_a_small_cap_at_the_tail_runs_cublas_gemms():
+    # 2026-12-03: a cap of 8 SMs laid out on the split's 12 leftover SMs alone failed every
+    # bf16 GEMM (CUBLAS_STATUS_EXECUTION_FAILED: cluster launches need structured SMs).
+    import torch
+
+    requests = [quota("front", 120, "cap"), quota("small", 8, "cap")]
+    with SMPartitionPool.create(requests) as pool:
+        assert pool.enforced and pool.num_sms("small") >= 8
+        stream = pool.stream("small")
+        with torch.cuda.stream(stream):
+            x = torch.randn(256, 256, device="cuda", dtype=torch.bfloat16)
+            w = torch.randn(768, 256, device="cuda", dtype=torch.bfloat16)
+            b = torch.randn(768, device="cuda", dtype=torch.bfloat16)
+            got = torch.nn.functional.linear(x, w, b)
+        stream.synchronize()
+    torch.testing.assert_close(got.float(), x.float() @ w.float().T + b.float(), rtol=2e-2, atol=2.0)
+
+
 def median_matmul_ms(stream, repeats=8):
     import torch
 

@@ -9,6 +9,11 @@ would drain the pipeline. A step only looks streams up (0.1 us). How the context
 1. ONE `cuDevSmResourceSplitByCount` of the device's SM resource into granularity-sized groups
    ("units"). The driver decides how many it can make (clusters and GPC layout): on the H200 it
    returned 15 groups of 8 plus 12 SMs left, not 16 + 4, so the leftover is kept as one more unit.
+   The groups are "structured" (their SMs are co-scheduled, so thread-block clusters fit); the
+   leftover is not: a context of the leftover alone fails every cluster launch, and cuBLAS's
+   Hopper GEMMs are cluster launches (CUBLAS_STATUS_EXECUTION_FAILED, the driver saying
+   CUDA_ERROR_INVALID_CLUSTER_SIZE, measured 2026-12-03). So every quota's range holds at least
+   one structured group; the leftover only ever joins one.
 2. One descriptor per partition over k consecutive units (`cuDevResourceGenerateDesc(units, k)`),
    then `cuGreenCtxCreate` and `cuGreenCtxStreamCreate`, wrapped for torch with
    `torch.cuda.get_stream_from_external`. A split result cannot be split again, but any subset
@@ -126,11 +131,14 @@ def check_requests(requests: Sequence[StreamRequest], device_sms: int | None) ->
                 "sm_share or use sharing 'cap' or 'free'")
 
 
-def layout(requests: Sequence[StreamRequest], unit_sms: Sequence[int]) -> dict[str, tuple[int, int]]:
-    """Unit range [start, stop) for each quota request.
+def layout(requests: Sequence[StreamRequest], unit_sms: Sequence[int],
+           structured: int) -> dict[str, tuple[int, int]]:
+    """Unit range [start, stop) for each quota request; units [0, structured) are the split's
+    structured groups, any after them its unstructured leftover.
 
     Partitions of one group take consecutive, disjoint ranges in request order; caps do the same
     while they fit, and otherwise take the shortest tail that covers them (overlapping others).
+    No range is the leftover alone: cluster launches (cuBLAS's GEMMs) cannot run there.
     Raises _GreenUnavailable naming the module when a partition does not fit these units.
     """
     cursor: dict[tuple[str, int], int] = defaultdict(int)
@@ -139,16 +147,27 @@ def layout(requests: Sequence[StreamRequest], unit_sms: Sequence[int]) -> dict[s
         if r.mode not in QUOTA_MODES:
             continue
         start = cursor[(r.mode, r.group)]
-        stop = _cover(unit_sms, start, r.num_sms)
+        stop = _cover(unit_sms, start, r.num_sms) if start < structured else None
         if stop is None:
-            if r.mode == "partition":
+            if r.mode == "partition" or structured == 0:
                 raise _GreenUnavailable(
-                    f"partition {r.key!r} ({r.num_sms} SMs) does not fit the SM groups left "
-                    f"by the split {list(unit_sms)}")
-            start, stop = _tail(unit_sms, r.num_sms)
+                    f"{r.mode} {r.key!r} ({r.num_sms} SMs) does not fit the SM groups left "
+                    f"by the split {list(unit_sms)} ({structured} structured: a range of only "
+                    "the leftover SMs cannot run cluster launches)")
+            start, stop = _tail(unit_sms, r.num_sms, structured)
         ranges[r.key] = (start, stop)
         cursor[(r.mode, r.group)] = stop
     return ranges
+
+
+def _recorded_ranges(requests: Sequence[StreamRequest], units: Sequence[int],
+                     granularity: int) -> dict[str, tuple[int, int]]:
+    """The ranges a pool without green contexts reports (quotas recorded, not enforced):
+    `regular_units` are whole groups then the leftover; none when the quotas do not fit."""
+    try:
+        return layout(requests, units, sum(1 for u in units if u == granularity))
+    except _GreenUnavailable:
+        return {}
 
 
 def _cover(unit_sms: Sequence[int], start: int, need: int) -> int | None:
@@ -160,11 +179,12 @@ def _cover(unit_sms: Sequence[int], start: int, need: int) -> int | None:
     return None
 
 
-def _tail(unit_sms: Sequence[int], need: int) -> tuple[int, int]:
+def _tail(unit_sms: Sequence[int], need: int, structured: int) -> tuple[int, int]:
+    """The shortest tail covering `need` SMs that starts on a structured group."""
     total = 0
     for start in range(len(unit_sms) - 1, -1, -1):
         total += unit_sms[start]
-        if total >= need:
+        if total >= need and start < structured:
             return start, len(unit_sms)
     return 0, len(unit_sms)
 
@@ -258,6 +278,8 @@ class _GreenState:
     driver: Any
     unit_sms: list[int] = field(default_factory=list)
     units: list[Any] = field(default_factory=list)
+    structured_units: int = 0
+    """How many of `units` are the split's groups; a leftover unit follows them."""
     contexts: dict[tuple[int, int], Any] = field(default_factory=dict)
     context_sms: dict[tuple[int, int], int] = field(default_factory=dict)
     raw_streams: dict[str, Any] = field(default_factory=dict)
@@ -303,6 +325,7 @@ def _split_device(state: _GreenState, device: int, granularity: int, device_sms:
     groups, num_groups, rest = _check(
         drv, "cuDevSmResourceSplitByCount", device_sms // granularity, whole, 0, granularity)
     state.units = list(groups)[: int(num_groups)]
+    state.structured_units = len(state.units)
     if rest.sm.smCount:
         state.units.append(rest)
     state.unit_sms = [int(u.sm.smCount) for u in state.units]
@@ -316,7 +339,7 @@ def _make_green(requests: Sequence[StreamRequest], device: int, granularity: int
     drv = state.driver
     try:
         cu_device = _split_device(state, device, granularity, device_sms)
-        ranges = layout(requests, state.unit_sms)
+        ranges = layout(requests, state.unit_sms, state.structured_units)
         high = _high_priority()
         streams = {}
         for r in requests:
@@ -375,7 +398,7 @@ class SMPartitionPool:
             check_requests(requests, device_sms)
             units = regular_units(device_sms, granularity) if device_sms else []
             pool = cls(requests=requests, device=None, backend="cpu", streams={},
-                       ranges=layout(requests, units) if units else {}, unit_sms=units,
+                       ranges=_recorded_ranges(requests, units, granularity), unit_sms=units,
                        device_sms=device_sms, granularity=granularity,
                        fallback_reason="no CUDA device: quotas recorded, not enforced")
         else:
@@ -402,7 +425,7 @@ class SMPartitionPool:
                     exc, _GreenUnavailable) else str(exc)
                 log.warning("green contexts unavailable on cuda:%d, SM quotas NOT enforced "
                             "(plain streams instead): %s", device, reason)
-                ranges = layout(requests, units)
+                ranges = _recorded_ranges(requests, units, granularity)
         high = _high_priority()
         for r in requests:
             if r.key in streams:
