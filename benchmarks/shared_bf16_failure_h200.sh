@@ -28,6 +28,9 @@ run() {  # name, seconds, planners, extra flags
 # structured+imu+video plan without the caching allocator (every tensor its own cudaMalloc,
 # so no block is reused across streams), then the same under compute-sanitizer's memcheck,
 # which names the first kernel that touches memory outside its allocations.
+# Found (twentieth session, gahc_green_probe_h200.sh): the failing encoders' caps got a green
+# context of only the SM split's leftover, where cluster launches (cuBLAS's GEMMs) fail; the
+# pool no longer lays a quota there, and these sets now train.
 # gahc's plan alone with fp32 weights and eager modules (each run short), launches not
 # blocking: name, then the plan's reshaping flags (shared_bf16_plans.py).
 EAGER="--fp32 --compile none"
