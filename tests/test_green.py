@@ -63,8 +63,8 @@ def test_bad_requests_name_the_field(kwargs, needle):
 def test_partitions_are_disjoint_within_a_group_and_reuse_sms_across_groups():
     requests = three_partitions(0, (72, 32, 24)) + [req("n0", num_sms=64, group=1)]
     ranges = layout(requests, H200_UNITS, structured=15)
-    assert ranges == {"m0": (0, 9), "m1": (9, 13), "m2": (13, 16), "n0": (0, 8)}
-    assert sum(H200_UNITS[13:16]) == 28  # the last partition absorbs the split's leftover SMs
+    assert ranges == {"m2": (0, 3), "m1": (3, 7), "m0": (7, 16), "n0": (0, 8)}
+    assert sum(H200_UNITS[7:16]) == 76  # the largest, laid last, absorbs the split's leftover
 
 
 def test_caps_pack_while_they_fit_then_overlap():
@@ -81,8 +81,12 @@ def test_no_quota_gets_the_splits_leftover_alone():
     ranges = layout([req("front", "cap", 120), req("small", "cap", 8)], H200_UNITS, structured=15)
     assert ranges == {"front": (0, 15), "small": (14, 16)}
     assert layout([req("whole", "cap", 132)], H200_UNITS, structured=15)["whole"] == (0, 16)
-    with pytest.raises(green._GreenUnavailable, match=r"partition 'm1' \(8 SMs\).*leftover"):
-        layout(three_partitions(0, (120, 8)), H200_UNITS, structured=15)
+    # Partitions go smallest first, so the largest takes the leftover with its groups...
+    assert layout(three_partitions(0, (120, 8)), H200_UNITS, structured=15) == {
+        "m1": (0, 1), "m0": (1, 16)}
+    # ...unless every group is taken by then: sixteen partitions of 8 SMs.
+    with pytest.raises(green._GreenUnavailable, match=r"partition 'm15' \(8 SMs\).*leftover"):
+        layout(three_partitions(0, (8,) * 16), H200_UNITS, structured=15)
 
 
 def test_pool_error_when_a_group_needs_more_sms_than_the_device():
@@ -104,7 +108,7 @@ def test_cpu_fallback_records_quotas_without_streams(monkeypatch):
     with SMPartitionPool.create(requests, gpu=H200) as pool:
         assert pool.backend == "cpu" and pool.enforced is False
         assert all(pool.stream(r.key) is None for r in requests)
-        assert pool.sm_ranges() == {"m0": (0, 9), "m1": (9, 13), "m2": (13, 15), "llm": None, "head": None}
+        assert pool.sm_ranges() == {"m0": (6, 15), "m1": (2, 6), "m2": (0, 2), "llm": None, "head": None}
         summary = json.loads(json.dumps(pool.describe()))
         assert summary["backend"] == "cpu" and summary["enforced"] is False
         assert "no CUDA" in summary["fallback_reason"]
@@ -218,7 +222,7 @@ def fake_cuda(monkeypatch):
 def mixed_requests():
     return [
         *three_partitions(0),  # disjoint 72 / 32 / 16
-        req("n0", num_sms=72, group=1, priority=1),  # same range as m0 in the next stage
+        req("n0", num_sms=16, group=1, priority=1),  # same range as m2 in the next stage
         req("capped", "cap", 32, group=2),
         req("llm", "free", priority=1, group=2),
         req("head", "temporal", group=3),
@@ -229,9 +233,9 @@ def test_green_pool_creates_everything_at_start_and_dedups_contexts(fake_cuda):
     pool = SMPartitionPool.create(mixed_requests(), gpu=H200)
     assert pool.backend == "green-context" and pool.enforced and pool.fallback_reason is None
     ranges = pool.sm_ranges()
-    assert ranges["m0"] == ranges["n0"] == (0, 9) and ranges["m1"] == (9, 13) and ranges["m2"] == (13, 15)
+    assert ranges["m2"] == ranges["n0"] == (0, 2) and ranges["m1"] == (2, 6) and ranges["m0"] == (6, 15)
     assert ranges["capped"] == (0, 4) and ranges["llm"] is None and ranges["head"] is None
-    # one split, one context per distinct range (m0 and n0 share), one stream per quota module
+    # one split, one context per distinct range (m2 and n0 share), one stream per quota module
     assert fake_cuda.calls.count("cuDevSmResourceSplitByCount") == 1
     assert fake_cuda.calls.count("cuGreenCtxCreate") == 4
     assert fake_cuda.calls.count("cuGreenCtxStreamCreate") == 5
@@ -241,11 +245,11 @@ def test_green_pool_creates_everything_at_start_and_dedups_contexts(fake_cuda):
         for r in mixed_requests():
             pool.stream(r.key)
     assert fake_cuda.calls == created  # stream() only looks up
-    assert pool.stream("m0")[0] == "green" and pool.stream("m0") != pool.stream("n0")
+    assert pool.stream("m2")[0] == "green" and pool.stream("m2") != pool.stream("n0")
     assert pool.stream("llm") == ("plain", -5) and pool.stream("head") == "current"
     summary = json.loads(json.dumps(pool.describe()))
     assert summary["num_green_contexts"] == 4 and summary["unit_sms"] == H200_UNITS
-    assert summary["modules"]["m2"]["num_sms"] == 16 and summary["modules"]["m0"]["sm_range"] == [0, 9]
+    assert summary["modules"]["m2"]["num_sms"] == 16 and summary["modules"]["m0"]["sm_range"] == [6, 15]
     live = set(fake_cuda.live)
     pool.close()
     # Retired, not destroyed: memory freed later may still record events on these streams.
@@ -264,15 +268,15 @@ def test_a_driver_error_falls_back_to_plain_streams_with_one_warning(fake_cuda, 
     assert len([r for r in caplog.records if r.levelno == logging.WARNING]) == 1
     assert fake_cuda.live == set()  # the first context and its stream were destroyed
     assert pool.stream("m0") == ("plain", 0) and pool.stream("n0") == ("plain", -5)
-    assert pool.sm_ranges()["m1"] == (9, 13)  # quotas still recorded for reports
+    assert pool.sm_ranges()["m1"] == (2, 6)  # quotas still recorded for reports
     assert pool.describe()["fallback_reason"] == pool.fallback_reason
 
 
 def test_a_partition_left_only_the_leftover_falls_back_to_plain_streams(fake_cuda):
-    pool = SMPartitionPool.create(three_partitions(0, (120, 8)), gpu=H200)
+    pool = SMPartitionPool.create(three_partitions(0, (8,) * 16), gpu=H200)
     assert pool.backend == "plain-streams" and "cannot run cluster launches" in pool.fallback_reason
     assert fake_cuda.calls.count("cuGreenCtxCreate") == 0
-    assert pool.sm_ranges() == {"m0": (0, 15), "m1": (15, 16)}  # recorded on the promised units
+    assert pool.sm_ranges()["m15"] == (15, 16)  # recorded on the promised 16 groups of 8
 
 
 def test_missing_cuda_bindings_falls_back(fake_cuda, monkeypatch):

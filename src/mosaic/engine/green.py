@@ -19,8 +19,8 @@ would drain the pipeline. A step only looks streams up (0.1 us). How the context
    `torch.cuda.get_stream_from_external`. A split result cannot be split again, but any subset
    of one split combines, so partitions of unequal sizes come out disjoint.
 
-Modes (plan.py): `partition` packs disjoint unit ranges within one stage (`group`), stages reuse
-the same SMs; `cap` packs the same way while the caps fit and overlaps once they do not (an
+Modes (plan.py): `partition` packs disjoint unit ranges within one stage (`group`), smallest
+first, stages reuse the same SMs; `cap` packs the same way while the caps fit and overlaps once they do not (an
 upper bound, not a reservation); `free` is a plain torch stream with a priority; `temporal` is
 the caller's current stream. Where green contexts are unavailable, the pool falls back to plain
 streams (quotas recorded, not enforced) and says why, once.
@@ -136,16 +136,16 @@ def layout(requests: Sequence[StreamRequest], unit_sms: Sequence[int],
     """Unit range [start, stop) for each quota request; units [0, structured) are the split's
     structured groups, any after them its unstructured leftover.
 
-    Partitions of one group take consecutive, disjoint ranges in request order; caps do the same
-    while they fit, and otherwise take the shortest tail that covers them (overlapping others).
-    No range is the leftover alone: cluster launches (cuBLAS's GEMMs) cannot run there.
-    Raises _GreenUnavailable naming the module when a partition does not fit these units.
+    Partitions of one group take consecutive, disjoint ranges, smallest first, so the largest
+    ends on the tail and absorbs the leftover when the group needs it; caps do the same in
+    request order while they fit, and otherwise take the shortest tail that covers them
+    (overlapping others). No range is the leftover alone: cluster launches (cuBLAS's GEMMs)
+    cannot run there. Raises _GreenUnavailable naming the module when a partition does not fit.
     """
     cursor: dict[tuple[str, int], int] = defaultdict(int)
     ranges: dict[str, tuple[int, int]] = {}
-    for r in requests:
-        if r.mode not in QUOTA_MODES:
-            continue
+    quotas = [r for r in requests if r.mode in QUOTA_MODES]
+    for r in sorted(quotas, key=lambda r: r.num_sms if r.mode == "partition" else 0):
         start = cursor[(r.mode, r.group)]
         stop = _cover(unit_sms, start, r.num_sms) if start < structured else None
         if stop is None:
