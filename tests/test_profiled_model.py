@@ -195,6 +195,35 @@ def test_unknown_variant_and_missing_db(tmp_path):
         ProfiledModel(CLUSTER, tmp_path / "missing.sqlite")
 
 
+def test_stored_surface_fits_are_used_and_changed_points_fitted_again(tmp_path, monkeypatch):
+    """`mosaic profile` stores every surface's law: a model on another machine (where least
+    squares stops elsewhere) predicts from the same parameters; points that changed since
+    are fitted again."""
+    import mosaic.perf.profiled as profiled
+
+    path = tmp_path / "h200.sqlite"
+    _, specs = make_synthetic_db(path, num_colocs=6)
+    with ProfileDB.open(path, readonly=False) as db:
+        record = profiled.surface_fits(db, CLUSTER)
+        db.add_fit(record)
+    assert record.name == profiled.SURFACE_FITS and record.n_points >= len(specs)  # + absorbed
+    fresh = ProfiledModel(CLUSTER, path)
+    expected = [fresh.surfaces.time_s(s, 8, 48) for s in specs]
+
+    def drifted(*args, **kwargs):  # another build's least squares: a different optimum
+        raise AssertionError("a stored surface was fitted again")
+
+    monkeypatch.setattr(profiled, "_fit_theta", drifted)
+    profiled._fitted.cache_clear()
+    stored = ProfiledModel(CLUSTER, path)
+    assert [stored.surfaces.time_s(s, 8, 48) for s in specs] == expected
+    with ProfileDB.open(path, readonly=False) as db:  # one module measured again
+        sig = db.modules()[0].signature
+        db.add_points([ModulePoint(signature=sig, per_gpu_batch=64, num_sms=132, time_s=0.5)])
+    with pytest.raises(AssertionError, match="fitted again"):
+        ProfiledModel(CLUSTER, path).surfaces.time_s(specs[0], 8, 48)
+
+
 def test_stored_fit_is_used_and_stale_one_refitted(tmp_path):
     from dataclasses import asdict
 
@@ -544,3 +573,15 @@ def test_a_colocations_alone_times_become_points_where_its_members_surfaces_have
     assert surfaces.surfaces["v"].predict(8, [96])[0] == pytest.approx(at_96, rel=0.02)
     assert len(surfaces.points["a"]) == 6
     assert surfaces.absorb_alone_times(colocs) == 0  # each point once
+
+
+def test_mosaic_profile_stores_the_surface_fits_it_would_otherwise_fit_on_load(tmp_path):
+    from mosaic.cli import _store_surface_fits
+    from mosaic.perf.profiled import SURFACE_FITS
+
+    path = tmp_path / "h200.sqlite"
+    make_synthetic_db(path, num_colocs=0)
+    _store_surface_fits(path, "h200")
+    with ProfileDB.open(path) as db:
+        (fit,) = [f for f in db.fits() if f.name == SURFACE_FITS]
+    assert fit.n_points == 5 and all(len(theta) == 5 for theta in fit.params["thetas"].values())

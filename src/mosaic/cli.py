@@ -923,6 +923,7 @@ def profile(
     for r in reports:
         typer.echo(f"{r.model}: {r.points} of {r.full_grid} grid points, {r.busy} busy "
                    f"fractions, {r.colocations} colocations, {r.wall_s:.1f} s{'; ' + '; '.join(r.notes) if r.notes else ''}")
+    _store_surface_fits(db, str(hardware))
     if any(r.colocations for r in reports):  # else a model would refit on every load
         from mosaic.perf.accuracy import stale_surface_advice, store_interference_fits
 
@@ -932,6 +933,19 @@ def profile(
         for line in stale_surface_advice(db, str(hardware), str(kernels)):
             typer.echo(line)
     typer.echo(f"wrote {db}")
+
+
+def _store_surface_fits(db: Path, hardware: str) -> None:
+    """Store every surface's fitted law in the DB, so each machine predicts from the same
+    parameters (least squares differs across numpy/scipy builds) and no load fits them."""
+    from mosaic.hardware import make_cluster
+    from mosaic.perf.profiled import surface_fits
+    from mosaic.profile.db import ProfileDB
+
+    with ProfileDB.open(db, readonly=False) as opened:
+        record = surface_fits(opened, make_cluster(1, hardware))
+        opened.add_fit(record)
+    typer.echo(f"surfaces: {record.n_points} fits stored")
 
 
 def _profile_collectives(models: list[str], db: Path, hardware) -> None:

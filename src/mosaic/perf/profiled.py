@@ -22,6 +22,8 @@ Stages (vidur-style, each testable on its own):
 
 from __future__ import annotations
 
+import datetime
+import hashlib
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import cached_property, lru_cache
@@ -168,25 +170,43 @@ def _fit_theta(b: np.ndarray, k: np.ndarray, t: np.ndarray, full: float) -> np.n
     return best[1]
 
 
-def fit_surface(points: Sequence[ModulePoint], full_sms: float | None = None) -> Surface:
+SURFACE_FITS = "surfaces"
+"""The `fits` record holding every surface's law parameters, keyed by surface_fit_key."""
+
+
+def fit_surface(points: Sequence[ModulePoint], full_sms: float | None = None,
+                stored: Mapping[str, Sequence[float]] | None = None) -> Surface:
     """Fit one module's scaling surface to its measured (batch, SMs, time) points.
 
     `full_sms`: the GPU's SM count (the plain-stream column); default the most SMs measured.
+    `stored`: law parameters by surface_fit_key, as `mosaic profile` stored them; where
+    these points' key is there, they are used instead of fitting.
     """
     if not points:
         raise ValueError("fit_surface: no points; profile the module first")
     measured = tuple((float(p.per_gpu_batch), float(p.num_sms), float(p.time_s)) for p in points)
-    return _fitted(measured, float(full_sms or max(k for _, k, _ in measured)))
+    full = float(full_sms or max(k for _, k, _ in measured))
+    theta = (stored or {}).get(surface_fit_key(measured, full))
+    return _fitted(measured, full, tuple(theta) if theta is not None else None)
+
+
+def surface_fit_key(measured: tuple[tuple[float, float, float], ...], full: float) -> str:
+    """The points a surface is fitted on, as a short digest (exact: floats' repr round-trips)."""
+    return hashlib.sha1(repr((measured, full)).encode()).hexdigest()[:16]
 
 
 @lru_cache(maxsize=1024)
-def _fitted(measured: tuple[tuple[float, float, float], ...], full: float) -> Surface:
+def _fitted(measured: tuple[tuple[float, float, float], ...], full: float,
+            theta: tuple[float, ...] | None = None) -> Surface:
     """The surface of (batch, SMs, seconds) points: a pure function of them, so fitted once a
     process. One accuracy gate or BENCHMARKS.md render loads a model per engine kind, GPU
     count and accumulation (44 of them), and each fitted the same surfaces again (least
-    squares from three starts: 85% of the render's time)."""
+    squares from three starts: 85% of the render's time). With `theta` (a stored fit) the
+    law is not fitted: least squares stops at slightly different points on other numpy and
+    scipy builds, and the planners' searches amplify that into other plans, so a profile's
+    predictions are the same on every machine only with its fits stored."""
     b, k, t = (np.array(column) for column in zip(*measured, strict=True))
-    theta = _fit_theta(b, k, t, full)
+    theta = np.array(theta) if theta is not None else _fit_theta(b, k, t, full)
     resid = np.log(t / _param_time(theta, b, k, full))
     box = (float(np.log2(b.min())), float(np.log2(b.max())), float(k.min()), float(k.max()))
     surface = Surface(theta, box, None, (float(np.mean(resid)),) * 2, len(t), full)
@@ -294,15 +314,25 @@ class LazySurfaces(Mapping[str, Surface]):
     and fitting all of them up front (least squares from three starts each) cost over a second
     of every `mosaic plan`; membership and len answer from the points, without fitting."""
 
-    def __init__(self, points: dict[str, list[ModulePoint]], full_sms: float) -> None:
+    def __init__(self, points: dict[str, list[ModulePoint]], full_sms: float,
+                 stored: Mapping[str, Sequence[float]] | None = None) -> None:
         self._points = {sig: pts for sig, pts in points.items() if pts}
         self._full_sms = full_sms
+        self.stored = stored or {}
         self._fitted: dict[str, Surface] = {}
 
     def __getitem__(self, sig: str) -> Surface:
         if sig not in self._fitted:
-            self._fitted[sig] = fit_surface(self._points[sig], self._full_sms)
+            self._fitted[sig] = fit_surface(self._points[sig], self._full_sms, self.stored)
         return self._fitted[sig]
+
+    def thetas(self) -> dict[str, list[float]]:
+        """Every surface's law parameters by surface_fit_key (fitting those not fitted yet)."""
+        out = {}
+        for sig, pts in self._points.items():
+            measured = tuple((float(p.per_gpu_batch), float(p.num_sms), float(p.time_s)) for p in pts)
+            out[surface_fit_key(measured, float(self._full_sms))] = self[sig].theta.tolist()
+        return out
 
     def __contains__(self, sig: object) -> bool:
         return sig in self._points
@@ -320,7 +350,8 @@ class SurfaceSet:
     def __init__(self, cluster: ClusterSpec, specs: dict[str, ModuleSpec],
                  points: dict[str, list[ModulePoint]], sensitivity: dict[str, float],
                  kernels: dict[str, str] | None = None, prefer: str = "eager",
-                 busy: Sequence[BusyPoint] = ()) -> None:
+                 busy: Sequence[BusyPoint] = (),
+                 stored_fits: Mapping[str, Sequence[float]] | None = None) -> None:
         """`kernels`: signature -> the kernels it was profiled with (absent: eager); `prefer`:
         the kernels predictions are for. A module without a surface of those kernels uses
         its eager surface (the engine term absorbs the difference) and is counted in
@@ -333,7 +364,7 @@ class SurfaceSet:
         self.analytic = AnalyticModel(cluster)
         self.specs = specs
         self.points = points
-        self.surfaces = LazySurfaces(points, self.gpu.num_sms)
+        self.surfaces = LazySurfaces(points, self.gpu.num_sms, stored_fits)
         self.sensitivity = sensitivity
         # Modules without an antagonist run: the median sensitivity (None: none measured).
         self.default_sensitivity = float(np.median(list(sensitivity.values()))) if sensitivity else None
@@ -347,15 +378,18 @@ class SurfaceSet:
             self.busy.setdefault(p.signature, []).append((p.per_gpu_batch, p.fraction))
 
     @classmethod
-    def from_db(cls, db: ProfileDB, cluster: ClusterSpec, prefer: str = "eager") -> SurfaceSet:
+    def from_db(cls, db: ProfileDB, cluster: ClusterSpec, prefer: str = "eager",
+                stored_fits: bool = True) -> SurfaceSet:
+        """`stored_fits`: use the law parameters `mosaic profile` stored (False: fit anew)."""
         records = db.modules()
         specs = {r.signature: r.spec for r in records}
         points: dict[str, list[ModulePoint]] = {}
         for p in db.points():
             points.setdefault(p.signature, []).append(p)
+        fits = next((f.params for f in db.fits() if f.name == SURFACE_FITS), {})
         return cls(cluster, specs, points, _sensitivities(db),
                    kernels={r.signature: r.kernels for r in records}, prefer=prefer,
-                   busy=db.busy())
+                   busy=db.busy(), stored_fits=fits.get("thetas", {}) if stored_fits else None)
 
     def kernels_of(self, sig: str | None) -> str:
         return self.kernels.get(sig, "eager")
@@ -523,7 +557,7 @@ class SurfaceSet:
                 added += 1
         if added:
             self.points = points
-            self.surfaces = LazySurfaces(points, self.gpu.num_sms)
+            self.surfaces = LazySurfaces(points, self.gpu.num_sms, self.surfaces.stored)
             self._rows.clear()
         return added
 
@@ -581,6 +615,23 @@ def _close(a: ModuleSpec, b: ModuleSpec) -> bool:
 def _sensitivities(db: ProfileDB) -> dict[str, float]:
     """Slowdown - 1 of each module next to the memory-streaming antagonist."""
     return {s.signature: max(s.slowdown - 1.0, 0.0) for s in db.signatures() if s.alone_s > 0}
+
+
+def surface_fits(db: ProfileDB, cluster: ClusterSpec) -> FitRecord:
+    """Every surface a model of `db` fits, fitted anew: for each kernels label, the measured
+    points and the points with the colocations' alone times absorbed (as ProfiledModel
+    builds them), as one `fits` record for `db.add_fit`."""
+    thetas: dict[str, list[float]] = {}
+    colocations = db.colocations()
+    for label in sorted({r.kernels for r in db.modules()}):
+        surfaces = SurfaceSet.from_db(db, cluster, label, stored_fits=False)
+        thetas.update(surfaces.surfaces.thetas())
+        surfaces.rescale_stale(surfaces.colocations_of(colocations, label))
+        if surfaces.absorb_alone_times(colocations):
+            thetas.update(surfaces.surfaces.thetas())
+    return FitRecord(name=SURFACE_FITS, params={"thetas": dict(sorted(thetas.items()))},
+                     mape=None, n_points=len(thetas),
+                     created=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"))
 
 
 # --- 3. the PerfModel ----------------------------------------------------------------------

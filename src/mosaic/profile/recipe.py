@@ -7,7 +7,7 @@ contents themselves: one `mosaic profile` per (kernels, preset), split where som
 colocations and others only surfaces; one collectives launch per GPU count measured; one
 engine-term refit per engine kind, naming the bench results it was fitted on. The
 interference fits need no command of their own: `mosaic profile` stores them whenever it
-measured colocations. Run on your own GPUs, the recipe gives the same kind of DB for them.
+measured colocations, and the surfaces' fits after every run. Run on your own GPUs, the recipe gives the same kind of DB for them.
 """
 
 from __future__ import annotations
