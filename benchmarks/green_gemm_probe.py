@@ -23,7 +23,7 @@ import sys
 
 CASES = ["plan", "plan:structured,video", "plan:structured,imu", "plan:imu,video",
          *(f"cap:{n}" for n in (8, 16, 24, 32, 48, 64, 96, 128, 132)),
-         "tail:128+8", "tail:124+8", "tail:120+16", "tail:64+12"]
+         "tail:128+8", "tail:124+8", "tail:120+16", "tail:64+12", "part:120+8", "part:8+112+8"]
 CHILD_DONE = 100
 GEMMS = {"n256": (256, 256, 768), "n392": (392, 256, 768)}  # rows, in, out: F.linear
 
@@ -54,7 +54,11 @@ def case_requests(case: str):
         return plan_requests(case)
     if kind == "cap":
         return [StreamRequest(key="probe", mode="cap", num_sms=int(arg))], {}
-    first, second = (int(x) for x in arg.split("+"))  # tail: a cap after one that fills the front
+    sizes = [int(x) for x in arg.split("+")]
+    if kind == "part":  # disjoint partitions of one stage, in this request order
+        return [StreamRequest(key=f"part{i}", mode="partition", num_sms=n)
+                for i, n in enumerate(sizes)], {}
+    first, second = sizes  # tail: a cap after one that fills the front
     return [StreamRequest(key="front", mode="cap", num_sms=first),
             StreamRequest(key="probe", mode="cap", num_sms=second)], {}
 
