@@ -585,3 +585,19 @@ def test_mosaic_profile_stores_the_surface_fits_it_would_otherwise_fit_on_load(t
     with ProfileDB.open(path) as db:
         (fit,) = [f for f in db.fits() if f.name == SURFACE_FITS]
     assert fit.n_points == 5 and all(len(theta) == 5 for theta in fit.params["thetas"].values())
+
+
+def test_the_shipped_db_stores_a_fit_for_every_surface_a_model_of_it_uses():
+    """Else plans made from it would again depend on the machine's least squares."""
+    from mosaic.perf import profiled
+    from mosaic.profile.db import default_db_path
+
+    with ProfileDB.open(default_db_path("h200")) as db:
+        stored = next(f for f in db.fits() if f.name == "surfaces").params["thetas"]
+        with pytest.MonkeyPatch.context() as patch:  # every key a model builds, none fitted
+            patch.setattr(profiled, "_fit_theta", lambda b, k, t, full: np.zeros(5))
+            try:
+                needed = profiled.surface_fits(db, CLUSTER).params["thetas"]
+            finally:  # the zero laws must not stay cached for other tests
+                profiled._fitted.cache_clear()
+    assert set(needed) <= set(stored)
