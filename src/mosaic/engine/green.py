@@ -20,9 +20,9 @@ would drain the pipeline. A step only looks streams up (0.1 us). How the context
    of one split combines, so partitions of unequal sizes come out disjoint.
 
 Modes (plan.py): `partition` packs disjoint unit ranges within one stage (`group`), smallest
-first, stages reuse the same SMs; `cap` packs the same way while the caps fit and overlaps once they do not (an
-upper bound, not a reservation); `free` is a plain torch stream with a priority; `temporal` is
-the caller's current stream. Where green contexts are unavailable, the pool falls back to plain
+first, stages reuse the same SMs; `cap` packs the same way while the caps fit and overlaps
+once they do not (an upper bound, not a reservation); `free` is a plain torch stream with a
+priority; `temporal` is the caller's current stream. Where green contexts are unavailable, the pool falls back to plain
 streams (quotas recorded, not enforced) and says why, once.
 """
 
