@@ -9,7 +9,7 @@ renderer, optionally with an argument after a colon: a path under results/, e.g.
 renderer; the prose around them is the author's. Renderers read only JSON and format it with
 fixed rules, so the output is deterministic and a figure cannot drift from its data.
 
-Renderers: one-gpu-bench[:DIR], green-probe[:FILE], bench:DIR_OR_FILE, iteration-error[:DIR],
+Renderers: one-gpu-bench[:DIR], green-probe[:FILE], gemm-probe:FILE, bench:DIR_OR_FILE, iteration-error[:DIR],
 scaling-sim[:DIR], variants:DIR, targets-1gpu, profile-recipe[:DB],
 step-fit:FILE,FILE[,...], kernel-time:FILE[,...], train-in-flight:DIR,
 guard-host-cost:FILE, autotune-choices:FILE, gate-misses[:DIR],
@@ -246,6 +246,35 @@ def green_probe(results: Path, arg: str | None) -> str:
         # a section the probe recorded as failed is shown as failed, not silently dropped
         rows += [[name, "FAILED (see the JSON)"]] if "error" in r[name] else make(r[name])
     return table(["check", "result"], rows)
+
+
+def _error_name(message: str) -> str:
+    """A CUDA/cuBLAS status name from an error message, else its first words."""
+    found = re.search(r"\b(CU(?:BLAS|DA)_(?:STATUS_|ERROR_)?[A-Z_]+)", message)
+    return found.group(1) if found else message.replace("`", "")[:60]
+
+
+@renderer("gemm-probe")
+def gemm_probe(results: Path, arg: str | None) -> str:
+    """benchmarks/green_gemm_probe.py's JSON lines: each pool's streams, the SM units each
+    got, and whether both bf16 GEMMs ran there (else the error's first words)."""
+    if not arg:
+        raise RenderError("gemm-probe needs a probe.jsonl under results/")
+    rows = []
+    for line in (results / arg).read_text().splitlines():
+        r = json.loads(line)
+        if "crashed" in r:
+            rows.append([r["case"], "–", "–", "–", "–", "–", f"process ended ({r['crashed']})"])
+            continue
+        gemms = {r[k] for k in ("n256", "n392")}
+        units = f"[{r['sm_range'][0]}, {r['sm_range'][1]})" if r["sm_range"] else "–"
+        leftover = " (leftover alone)" if r["sm_range"] and r["sm_range"][0] == len(
+            r["unit_sms"]) - 1 else ""
+        share = f"{r['share']:.3f}" if r.get("share") is not None else "–"
+        rows.append([r["case"], r["module"], r["mode"], share, str(r["num_sms"] or "all"),
+                     units + leftover,
+                     "ok" if gemms == {"ok"} else _error_name(next(g for g in gemms if g != "ok"))])
+    return table(["pool", "stream", "mode", "planned share", "SMs", "units", "both GEMMs"], rows)
 
 
 # --- (c) any bench results: one row per results file ------------------------------------------
