@@ -328,11 +328,16 @@ class LazySurfaces(Mapping[str, Surface]):
 
     def thetas(self) -> dict[str, list[float]]:
         """Every surface's law parameters by surface_fit_key (fitting those not fitted yet)."""
-        out = {}
-        for sig, pts in self._points.items():
-            measured = tuple((float(p.per_gpu_batch), float(p.num_sms), float(p.time_s)) for p in pts)
-            out[surface_fit_key(measured, float(self._full_sms))] = self[sig].theta.tolist()
-        return out
+        return {self._key(sig): self[sig].theta.tolist() for sig in self._points}
+
+    def stored_count(self) -> int:
+        """Surfaces whose law comes from the stored fits rather than a fit on this machine."""
+        return sum(self._key(sig) in self.stored for sig in self._points)
+
+    def _key(self, sig: str) -> str:
+        measured = tuple((float(p.per_gpu_batch), float(p.num_sms), float(p.time_s))
+                         for p in self._points[sig])
+        return surface_fit_key(measured, float(self._full_sms))
 
     def __contains__(self, sig: object) -> bool:
         return sig in self._points
@@ -708,8 +713,11 @@ class ProfiledModel(PerfModel):
         preferred = sum(1 for sig in s.surfaces if s.kernels.get(sig, "eager") == s.prefer)
         absorbed = (f", {self.absorbed} colocation alone times among their points"
                     if self.absorbed else "")
+        stored = s.surfaces.stored_count()
+        fits = ("all surface fits stored" if stored == len(s.surfaces) else
+                f"{stored} of {len(s.surfaces)} surface fits stored, the rest fitted here")
         return (f"profiled ({self.db_path.name}: {preferred} measured {s.prefer} modules of "
-                f"{len(s.surfaces)}{absorbed}; "
+                f"{len(s.surfaces)}{absorbed}, {fits}; "
                 f"interference={p.variant} [{coef}], {fitted}{err_s}; modules not in the DB: "
                 f"{s.fallback.describe()}; {self.comm_summary()}; {self._optimizer_summary()}; "
                 f"{self._engine_summary()})")
