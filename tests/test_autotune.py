@@ -287,3 +287,40 @@ def test_train_refuses_autotune_skip_without_autotune_or_of_a_baseline(capsys):
         with pytest.raises(SystemExit):
             main(["train", "clip", "--preset", "tiny", "--steps", "1", *args])
         assert message in capsys.readouterr().err
+
+
+def test_the_mosaic_search_offers_its_next_best_distinct_plans():
+    """`plan_mosaic_alternatives`: best predicted first, no two that run alike; autotune
+    adds them as `mosaic#N`, so K > 1 measures K distinct plans where they exist."""
+    from mosaic.plan import run_key
+    from mosaic.planners.mosaic import plan_mosaic_alternatives
+
+    _, graph, cluster, perf = _setup("ofasys")
+    found = plan_mosaic_alternatives(graph, cluster, perf, 4)
+    predicted = [p.predicted_iteration_s for p in found]
+    assert len(found) >= 2 and predicted == sorted(predicted)
+    assert len({run_key(p) for p in found}) == len(found)
+    assert [p.meta["alternative"] for p in found] == list(range(1, len(found) + 1))
+    plans, aliases = candidate_plans(graph, cluster, perf, 3)
+    labels = [*plans, *(a for al in aliases.values() for a in al)]
+    assert any(label.startswith("mosaic#") for label in labels)
+    assert len({run_key(p) for p in plans.values()}) == len(plans)
+    assert len([n for n in plans if n not in BASELINES]) == 3
+    one, _ = candidate_plans(graph, cluster, perf, 1)
+    assert not any("#" in n for n in one)  # K = 1: the best plan alone, no alternatives
+
+
+def test_a_failing_alternative_names_the_mosaic_planner_to_skip(monkeypatch):
+    from mosaic import autotune as tuning
+
+    model, graph, cluster, perf = _setup("ofasys")
+    plans, aliases = candidate_plans(graph, cluster, perf, 3)
+    label = next(n for n in [*plans, *(a for al in aliases.values() for a in al)]
+                 if n.startswith("mosaic#"))
+    whose = label if label in plans else next(k for k, al in aliases.items() if label in al)
+    error = RuntimeError("CUDA error: CUBLAS_STATUS_EXECUTION_FAILED")
+    error.contender = whose
+    failure = tuning._device_failure(error, plans, aliases)
+    assert failure is not None and "--autotune-skip " in str(failure)
+    skip = str(failure).split("--autotune-skip ")[1].split(";")[0].split(",")
+    assert "#" not in ",".join(skip) and set(skip) <= set(tuning.CANDIDATE_PLANNERS)

@@ -93,3 +93,26 @@ def test_cluster_shapes():
         make_cluster(8, "a100")
     with pytest.raises(HardwareError, match="whole number"):
         make_cluster(12)
+
+
+def test_plans_that_run_alike_share_a_run_key():
+    """Autotune measures each run_key once: modules one by one in any grouping or order, a
+    single whole-GPU module in any mode, and caps of the whole GPU (plain streams) as free."""
+    from mosaic.plan import plan_key, run_key
+
+    def plan(*stages):
+        return Plan(model="toy", planner="x", num_gpus=1, stages=tuple(
+            Stage(sharing=mode, placements=tuple(
+                Placement(module=m, gpus=(0,), sm_share=share, priority=prio)
+                for m, share, prio in placed)) for mode, placed in stages))
+
+    one_stage = plan(("temporal", [("text", 1.0, 0), ("vision", 1.0, 0)]), ("temporal", [("head", 1.0, 0)]))
+    one_each = plan(("temporal", [("vision", 1.0, 0)]), ("temporal", [("text", 1.0, 0)]),
+                    ("cap", [("head", 1.0, 1)]))
+    assert plan_key(one_stage) != plan_key(one_each) and run_key(one_stage) == run_key(one_each)
+    caps = plan(("cap", [("text", 1.0, 0), ("vision", 1.0, 1)]), ("temporal", [("head", 1.0, 0)]))
+    free = plan(("free", [("vision", 1.0, 1), ("text", 1.0, 0)]), ("temporal", [("head", 1.0, 0)]))
+    assert run_key(caps) == run_key(free) != run_key(one_stage)
+    capped = plan(("cap", [("text", 0.5, 0), ("vision", 1.0, 1)]), ("temporal", [("head", 1.0, 0)]))
+    high = plan(("free", [("vision", 1.0, 0), ("text", 1.0, 1)]), ("temporal", [("head", 1.0, 0)]))
+    assert len({run_key(capped), run_key(free), run_key(high)}) == 3

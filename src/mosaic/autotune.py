@@ -43,7 +43,7 @@ from mosaic.graph import MMGraph
 from mosaic.hardware import ClusterSpec
 from mosaic.perf.base import PerfModel
 from mosaic.perf.engine_term import engine_kind
-from mosaic.plan import Plan, PlanError, plan_key
+from mosaic.plan import Plan, PlanError, run_key
 from mosaic.profile.db import IterationRecord, ProfileDB, ProfileDBError, default_db_path
 
 CANDIDATE_PLANNERS = ("mosaic", "mosaic-partition", "mosaic-unaware", "exhaustive", "gahc",
@@ -160,23 +160,44 @@ def candidate_plans(graph: MMGraph, cluster: ClusterSpec, perf: PerfModel, k: in
                     planners: tuple[str, ...] = CANDIDATE_PLANNERS
                     ) -> tuple[dict[str, Plan], dict[str, list[str]]]:
     """The K best distinct predicted plans plus every baseline's, by label (the planner that
-    made it), best predicted first; and per label the other planners that made the same plan."""
-    made = [p for p in (_run_planner(n, graph, cluster, perf) for n in planners) if p is not None]
+    made it; `mosaic#N` for the mosaic search's N-th best plan), best predicted first; and
+    per label the other labels whose plan runs the same (`run_key`: measured once)."""
+    made = {n: p for n in planners if (p := _run_planner(n, graph, cluster, perf)) is not None}
     if not made:
         raise AutotuneError(f"no planner of {planners} found a plan of {graph.name} on "
                             f"{cluster.num_gpus} GPU(s); check --gpus and --batch")
-    made.sort(key=lambda p: (p.predicted_iteration_s, p.planner in BASELINES))
+    if "mosaic" in planners and k > 1:
+        made.update(_mosaic_alternatives(graph, cluster, perf, k))
+    ranked = sorted(made, key=lambda n: (made[n].predicted_iteration_s, n not in BASELINES,
+                                         "#" in n))
     chosen: dict[tuple, str] = {}
     aliases: dict[str, list[str]] = {}
-    for p in made:
-        key = plan_key(p)
+    for label in ranked:
+        key = run_key(made[label])
         if key in chosen:
-            aliases[chosen[key]].append(p.planner)
-        elif len(chosen) < k or p.planner in BASELINES:
-            chosen[key] = p.planner
-            aliases[p.planner] = []
-    plans = {p.planner: p for p in made if p.planner in aliases}
-    return plans, aliases
+            aliases[chosen[key]].append(label)
+        elif len(chosen) < k or label in BASELINES:
+            chosen[key] = label
+            aliases[label] = []
+    return {n: made[n] for n in ranked if n in aliases}, aliases
+
+
+def _mosaic_alternatives(graph: MMGraph, cluster: ClusterSpec, perf: PerfModel,
+                         k: int) -> dict[str, Plan]:
+    """The mosaic search's best distinct plans after its first, as `mosaic#2`...: plans
+    predicted within the model's error of the best are worth a measurement. 2K of them, as
+    some run like another planner's plan (candidate_plans keeps K distinct)."""
+    from mosaic.planners import one_micro_step
+    from mosaic.planners.mosaic import plan_mosaic_alternatives
+
+    try:
+        micro, per_micro_step = one_micro_step(graph, perf)
+        found = plan_mosaic_alternatives(micro, cluster, per_micro_step, 2 * k)
+    except PlanError:
+        return {}
+    if perf.accumulation > 1:  # searched for one micro-step, predicted for the whole step
+        found = [perf.predict(p, graph) for p in found]
+    return {f"mosaic#{p.meta['alternative']}": p for p in found if p.meta["alternative"] > 1}
 
 
 # --- measuring -----------------------------------------------------------------------------
@@ -246,7 +267,9 @@ def _device_failure(exc: RuntimeError, plans: dict[str, Plan],
     whose = getattr(exc, "contender", None)
     where = f" in {whose!r}'s step" if whose else ""
     planner = plans[whose].planner if whose in plans else None
-    same_plan = [planner, *aliases.get(planner, [])]  # planners that made the same plan
+    # the planners that made the same plan (`mosaic#2` is the mosaic search's too)
+    same_plan = list(dict.fromkeys(label.split("#")[0]
+                                   for label in [planner or "", *aliases.get(whose, [])]))
     others = (f"Measure the other candidates: rerun with --autotune-skip {','.join(same_plan)}; "
               "or train " if planner is not None and planner not in BASELINES else "Train ")
     return AutotuneError(

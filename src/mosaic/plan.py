@@ -204,6 +204,30 @@ def plan_key(plan: Plan) -> tuple:
                                   p.tensor_parallel) for p in s.placements))) for s in plan.stages))
 
 
+def run_key(plan: Plan) -> tuple:
+    """`plan_key` of the plan as the engine runs it, for choosing which plans to measure: a
+    run of modules one by one (temporal stages, one temporal stage of several, or stages of
+    one module on the whole GPU in any mode) is the same in any order, and a cap stage whose
+    caps are all the whole GPU runs plain streams, as a free stage does."""
+    stages: list[Stage] = []
+    one_by_one: list[Placement] = []
+    for stage in (*plan.stages, None):
+        alone = stage is not None and len(stage.placements) == 1 and (
+            stage.placements[0].sm_share >= 1.0)
+        if stage is not None and (stage.sharing == "temporal" or alone):
+            one_by_one += [replace(p, priority=0) for p in stage.placements]
+            continue
+        stages += [Stage(placements=(p,), sharing="temporal")
+                   for p in sorted(one_by_one, key=lambda p: p.module)]
+        one_by_one = []
+        if stage is not None and stage.sharing == "cap" and all(
+                p.sm_share >= 1.0 for p in stage.placements):
+            stage = replace(stage, sharing="free")
+        if stage is not None:
+            stages.append(stage)
+    return plan_key(replace(plan, stages=tuple(stages)))
+
+
 def validate_plan(plan: Plan, graph: MMGraph, cluster: ClusterSpec) -> None:
     """Raise PlanError on the first rule the plan breaks (DESIGN.md's rules of the house)."""
     if plan.model != graph.name:

@@ -33,8 +33,8 @@ PLANNERS: dict[str, Planner] = {
     "mosaic-tp": plan_mosaic_tp,  # also tensor parallelism where predicted faster
 }
 
-__all__ = ["PLANNERS", "MosaicPlannerConfig", "get_planner", "make_plan", "plan_all",
-           "plan_mosaic", "run_planner"]
+__all__ = ["PLANNERS", "MosaicPlannerConfig", "get_planner", "make_plan", "one_micro_step",
+           "plan_all", "plan_mosaic", "run_planner"]
 
 
 def get_planner(name: str) -> Planner:
@@ -81,12 +81,17 @@ def run_planner(planner: Planner, graph: MMGraph, cluster: ClusterSpec,
     per step), the plan is searched for one micro-step, global_batch / K: that is what must
     fit in memory (the point of accumulating) and what the schedule runs K times; it is then
     predicted for the whole accumulated step."""
-    micro_steps = perf.accumulation
-    if micro_steps == 1:
+    if perf.accumulation == 1:
         return planner(graph, cluster, perf)
+    micro, per_micro_step = one_micro_step(graph, perf)
+    return perf.predict(planner(micro, cluster, per_micro_step), graph)
+
+
+def one_micro_step(graph: MMGraph, perf: PerfModel) -> tuple[MMGraph, PerfModel]:
+    """The graph and model of one micro-step where `perf` accumulates (run_planner)."""
+    micro_steps = perf.accumulation
     if graph.global_batch % micro_steps:
         raise PlanError(f"accumulation={micro_steps} must divide global_batch "
                         f"{graph.global_batch}")
     micro = replace(graph, global_batch=graph.global_batch // micro_steps)
-    per_micro_step = copy.copy(perf).accumulating(1)
-    return perf.predict(planner(micro, cluster, per_micro_step), graph)
+    return micro, copy.copy(perf).accumulating(1)

@@ -31,7 +31,7 @@ from itertools import product
 from mosaic.graph import MMGraph
 from mosaic.hardware import ClusterSpec
 from mosaic.perf.base import PerfModel
-from mosaic.plan import Plan, PlanError
+from mosaic.plan import Plan, PlanError, run_key
 from mosaic.planners.assembly import PlanCoster, finish, fitting_plan
 from mosaic.planners.common import (
     INF,
@@ -133,6 +133,65 @@ def search_plan(space: SearchSpace, config: MosaicPlannerConfig, start: float) -
             "sm_step": config.sm_step, "min_gain": config.min_gain}
     return finish(Plan(model=plan.model, planner="mosaic", num_gpus=plan.num_gpus,
                        stages=plan.stages, perf_model=plan.perf_model, meta=meta), space)
+
+
+def plan_mosaic_alternatives(graph: MMGraph, cluster: ClusterSpec, perf: PerfModel, count: int,
+                             config: MosaicPlannerConfig | None = None) -> list[Plan]:
+    """The search's `count` best distinct plans, best predicted first: the stage groupings it
+    ended on, each with its stages' few best layouts combined (`best_layouts` keeps one
+    combination; this keeps the next ones too). For measured selection (autotune): plans the
+    model predicts within its error of the best are worth a measurement. Empty where nothing
+    fits without sharding (the planner's own plan handles that)."""
+    config = config or MosaicPlannerConfig()
+    space = SearchSpace(graph, cluster, perf, config.sm_step)
+    try:
+        check_modules_fit(space)
+    except PlanError:
+        return []
+    coster = PlanCoster(space)
+    solver = StageSolver(space, config.exact_stage_modules)
+    upper = UpperSearch(space, solver, config, time.perf_counter() + config.time_limit_s)
+    found = upper.candidates()
+    # The groupings one step from the best (a module moved, split off or two stages merged):
+    # where the model's error is a few percent, the runner-up grouping is worth measuring.
+    nearby = sorted(dict.fromkeys(g for g, _ in upper.neighbours(found[0])), key=upper.total)
+    ranked = sorted((combo for g in dict.fromkeys([*found, *nearby[:count]])
+                     for combo in ranked_layouts(solver, coster, g, count)),
+                    key=lambda combo: coster.total_s(combo))
+    plans: dict[tuple, Plan] = {}
+    for combo in ranked:
+        try:
+            plan = finish(fitting_plan(space, combo, "mosaic"), space)
+        except PlanError:
+            continue
+        plans.setdefault(run_key(plan), plan)
+        if len(plans) == count:
+            break
+    ordered = sorted(plans.values(), key=lambda p: p.predicted_iteration_s)
+    return [replace(p, meta={**p.meta, "alternative": i}) for i, p in enumerate(ordered, 1)]
+
+
+def ranked_layouts(solver: StageSolver, coster: PlanCoster, grouping: Grouping,
+                   count: int) -> list[tuple[StageChoice, ...]]:
+    """The `count` cheapest combinations (exact cost) of each stage's variants: its best block
+    layouts, each in every sharing mode with the shares the solver finds for it."""
+    options = [solver.alternatives(x) for x in grouping]
+    if not all(options):
+        return []
+    per_stage = max(1, int(EXACT_COMBINATIONS ** (1 / len(grouping))))
+    variants = [stage_variants(solver, o[:per_stage])[:per_stage] for o in options]
+    return sorted(product(*variants), key=lambda c: coster.total_s(c))[:count]
+
+
+def stage_variants(solver: StageSolver, layouts: Sequence[StageChoice]) -> list[StageChoice]:
+    """Each layout polished, as found, and in every sharing mode (`StageSolver.evaluate`,
+    thorough), distinct, cheapest first."""
+    out: dict[tuple, StageChoice] = {}
+    for stage in layouts:
+        groups = tuple(b.modules for b in stage.blocks)
+        for variant in (solver.polish(stage), stage, *solver.evaluate(groups, True)):
+            out.setdefault((variant.sharing, variant.blocks), variant)
+    return sorted(out.values(), key=lambda v: v.cost_s)
 
 
 def with_faster_tensor_parallel(space: SearchSpace, chosen: Plan,
