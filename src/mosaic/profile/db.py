@@ -22,7 +22,10 @@ the performance model opens it read-only. Schema (SCHEMA_VERSION 2):
   bytes_per_s, method)`: each module's bandwidth behaviour (see profiler.py).
 - `comm(kind, num_gpus, num_bytes, time_s, source)`: kind in COMM_KINDS (allreduce,
   reduce_scatter, all_gather, broadcast, p2p, p2p_bidir), source measured | analytic.
-- `fits(name, params_json, mape, n_points, created)`: fitted models and their held-out error.
+- `fits(name, params_json, mape, n_points, created)`: fitted models and their held-out error:
+  interference (`model_error.*`), engine terms (`engine_term.*`), the optimizer step, and
+  `surfaces` (every surface's law parameters by a digest of its points, stored by `mosaic
+  profile` so every machine predicts from the same fits: perf/profiled.py).
 - `iterations(plan_json, label, model, preset, global_batch, num_gpus, predicted_s,
   engine_term_s, measured_s, engine, perf_model, date)`: whole iterations measured by
   autotune (mosaic/autotune.py), the evidence `perf/engine_term.py` refits on. Created on the
