@@ -137,11 +137,12 @@ def search_plan(space: SearchSpace, config: MosaicPlannerConfig, start: float) -
 
 def plan_mosaic_alternatives(graph: MMGraph, cluster: ClusterSpec, perf: PerfModel, count: int,
                              config: MosaicPlannerConfig | None = None) -> list[Plan]:
-    """The search's `count` best distinct plans, best predicted first: the stage groupings it
-    ended on, each with its stages' few best layouts combined (`best_layouts` keeps one
-    combination; this keeps the next ones too). For measured selection (autotune): plans the
-    model predicts within its error of the best are worth a measurement. Empty where nothing
-    fits without sharding (the planner's own plan handles that)."""
+    """The search's `count` best plans that run differently (`run_key`), best predicted
+    first: the stage groupings it ended on and those one move from its best, each with its
+    stages' layouts in every sharing mode combined (`best_layouts` keeps one combination;
+    this keeps the next ones too). For measured selection (autotune): plans the model
+    predicts within its error of the best are worth a measurement. Empty where nothing fits
+    without sharding (the planner's own plan handles that)."""
     config = config or MosaicPlannerConfig()
     space = SearchSpace(graph, cluster, perf, config.sm_step)
     try:
