@@ -184,10 +184,15 @@ def fit_surface(points: Sequence[ModulePoint], full_sms: float | None = None,
     """
     if not points:
         raise ValueError("fit_surface: no points; profile the module first")
-    measured = tuple((float(p.per_gpu_batch), float(p.num_sms), float(p.time_s)) for p in points)
+    measured = _measured(points)
     full = float(full_sms or max(k for _, k, _ in measured))
     theta = (stored or {}).get(surface_fit_key(measured, full))
     return _fitted(measured, full, tuple(theta) if theta is not None else None)
+
+
+def _measured(points: Sequence[ModulePoint]) -> tuple[tuple[float, float, float], ...]:
+    """(batch, SMs, seconds) of each point: what a surface is a function of."""
+    return tuple((float(p.per_gpu_batch), float(p.num_sms), float(p.time_s)) for p in points)
 
 
 def surface_fit_key(measured: tuple[tuple[float, float, float], ...], full: float) -> str:
@@ -335,9 +340,7 @@ class LazySurfaces(Mapping[str, Surface]):
         return sum(self._key(sig) in self.stored for sig in self._points)
 
     def _key(self, sig: str) -> str:
-        measured = tuple((float(p.per_gpu_batch), float(p.num_sms), float(p.time_s))
-                         for p in self._points[sig])
-        return surface_fit_key(measured, float(self._full_sms))
+        return surface_fit_key(_measured(self._points[sig]), float(self._full_sms))
 
     def __contains__(self, sig: object) -> bool:
         return sig in self._points
