@@ -249,6 +249,7 @@ def test_green_pool_creates_everything_at_start_and_dedups_contexts(fake_cuda):
     assert pool.stream("llm") == ("plain", -5) and pool.stream("head") == "current"
     summary = json.loads(json.dumps(pool.describe()))
     assert summary["num_green_contexts"] == 4 and summary["unit_sms"] == H200_UNITS
+    assert summary["structured_units"] == 15  # the driver's 15 groups; unit 15 is the leftover
     assert summary["modules"]["m2"]["num_sms"] == 16 and summary["modules"]["m0"]["sm_range"] == [6, 15]
     live = set(fake_cuda.live)
     pool.close()

@@ -474,6 +474,9 @@ class SMPartitionPool:
             "device_sms": self._device_sms,
             "sm_granularity": self._granularity,
             "unit_sms": list(self._unit_sms),
+            # the split's groups; a unit after them is its leftover (never a quota alone)
+            "structured_units": (self._green.structured_units if self._green else
+                                 sum(1 for u in self._unit_sms if u == self._granularity)),
             "num_green_contexts": len(self._green.contexts) if self._green else 0,
             "driver_version": self._green.driver_version if self._green else None,
             "setup_s": self.setup_s,
