@@ -165,9 +165,14 @@ def _recorded_ranges(requests: Sequence[StreamRequest], units: Sequence[int],
     """The ranges a pool without green contexts reports (quotas recorded, not enforced):
     `regular_units` are whole groups then the leftover; none when the quotas do not fit."""
     try:
-        return layout(requests, units, sum(1 for u in units if u == granularity))
+        return layout(requests, units, _whole_groups(units, granularity))
     except _GreenUnavailable:
         return {}
+
+
+def _whole_groups(units: Sequence[int], granularity: int) -> int:
+    """The groups among `regular_units` (a split the driver did not make: no green state)."""
+    return sum(1 for u in units if u == granularity)
 
 
 def _cover(unit_sms: Sequence[int], start: int, need: int) -> int | None:
@@ -476,7 +481,7 @@ class SMPartitionPool:
             "unit_sms": list(self._unit_sms),
             # the split's groups; a unit after them is its leftover (never a quota alone)
             "structured_units": (self._green.structured_units if self._green else
-                                 sum(1 for u in self._unit_sms if u == self._granularity)),
+                                 _whole_groups(self._unit_sms, self._granularity)),
             "num_green_contexts": len(self._green.contexts) if self._green else 0,
             "driver_version": self._green.driver_version if self._green else None,
             "setup_s": self.setup_s,
