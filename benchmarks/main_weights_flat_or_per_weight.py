@@ -4,7 +4,7 @@ buffer (one launch, after the backward copied each gradient into it) or a weight
 
 Both updates are captured as CUDA graphs, as in a training step, so the host's launches do
 not count; the gradient copy is captured too (one copy a weight, as the backward's). Times
-are GPU time by CUDA events, the median of TIMED replays after WARM.
+are GPU time by CUDA events, the median of the timed replays (mosaic.profile.main_weights).
 
     PYTHONPATH=src python benchmarks/main_weights_flat_or_per_weight.py unified-io-2 paper \
         --out OUT.json
@@ -21,60 +21,29 @@ import json
 
 import torch
 
-from main_weights_kernel_ceiling import gpu_ms  # this folder: scripts run from it
-from mosaic.engine.main_weights import MainWeightsAdamW, cast_weights_bf16
+from mosaic.engine.main_weights import cast_weights_bf16
+from mosaic.profile.main_weights import measure_module as measure_layouts
+from mosaic.profile.main_weights import update_s
 from mosaic.zoo import get_model
-
-WARM, TIMED = 4, 20
-
-
-def _gpu_ms(fn) -> float:
-    """Median GPU time of `fn` (which replays a graph or steps a self-capturing optimizer)."""
-    return gpu_ms(fn, WARM, TIMED)
-
-
-def _captured(fn):
-    """`fn` captured once as a CUDA graph; the graph's replay."""
-    fn()  # allocations and compiles happen before capture
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return graph.replay
-
-
-def _update_ms(params: list[torch.nn.Parameter], grads: list[torch.Tensor],
-               dynamic: bool = True) -> float:
-    for p, g in zip(params, grads, strict=True):
-        p.grad = g
-    optimizer = MainWeightsAdamW(params, 1e-5, dynamic=dynamic)  # captures its own step
-    ms = _gpu_ms(optimizer.step)
-    assert optimizer.graphs, "the update was never captured"
-    return ms
 
 
 def measure_module(name: str, module: torch.nn.Module) -> dict | None:
-    params = [p for p in module.parameters() if p.dtype == torch.bfloat16 and p.requires_grad]
-    if not params:
+    """The profiler's measurement (both layouts and the copy), plus the per-weight update with
+    a kernel per size and once more after the others (does the order matter?)."""
+    layouts = measure_layouts(module)
+    if layouts is None:
         return None
-    fresh = [torch.randn_like(p) * 1e-3 for p in params]  # where the backward leaves them
-    flat = torch.zeros(sum(p.numel() for p in params), dtype=torch.bfloat16, device="cuda")
-    views, start = [], 0
-    for p in params:
-        views.append(flat[start:start + p.numel()].view(p.shape))
-        start += p.numel()
-    per_weight = _update_ms(params, fresh)
-    per_weight_static = _update_ms(params, fresh, dynamic=False)
-    one_launch = _update_ms(params, views)
-    copy = _gpu_ms(_captured(lambda: torch._foreach_copy_(views, fresh)))
-    again = _update_ms(params, fresh)  # the first once more: does the order matter?
-    n = sum(p.numel() for p in params)
-    return {"module": name, "bf16_weights": len(params), "bf16_parameters": n,
-            "mean_elements": n / len(params), "per_weight_ms": per_weight,
-            "per_weight_kernel_per_size_ms": per_weight_static, "per_weight_again_ms": again,
-            "flat_update_ms": one_launch, "gradient_copy_ms": copy,
-            "flat_total_ms": one_launch + copy,
-            "cheaper": "per-weight" if per_weight < one_launch + copy else "flat"}
+    params = [p for p in module.parameters() if p.dtype == torch.bfloat16 and p.requires_grad]
+    fresh = [torch.randn_like(p) * 1e-3 for p in params]
+    ms = {k.removesuffix("_s") + "_ms": v * 1e3 for k, v in layouts.items() if k.endswith("_s")}
+    per_weight, flat, copy = ms["per_weight_ms"], ms["flat_update_ms"], ms["gradient_copy_ms"]
+    n = layouts["bf16_parameters"]
+    return {"module": name, "bf16_weights": layouts["bf16_weights"], "bf16_parameters": n,
+            "mean_elements": n / layouts["bf16_weights"], "per_weight_ms": per_weight,
+            "per_weight_kernel_per_size_ms": update_s(params, fresh, dynamic=False) * 1e3,
+            "per_weight_again_ms": update_s(params, fresh) * 1e3,
+            "flat_update_ms": flat, "gradient_copy_ms": copy, "flat_total_ms": flat + copy,
+            "cheaper": "per-weight" if per_weight < flat + copy else "flat"}
 
 
 def measure(model_name: str, preset: str, out: str | None, reverse: bool = False) -> dict:

@@ -217,6 +217,14 @@ def test_busy_only_without_update_is_refused(cli, tmp_path):
     nothing_written(tmp_path)
 
 
+def test_main_weights_only_needs_an_existing_db_to_add_to(cli, tmp_path):
+    refused(cli("profile", "clip", "--main-weights-only", "--db", "p.sqlite"),
+            "--main-weights-only", "--update")
+    refused(cli("profile", "clip", "--main-weights-only", "--update", "--db", "p.sqlite"),
+            "--update", "makes one first")
+    nothing_written(tmp_path)
+
+
 # --- error classes ---------------------------------------------------------------------------
 def test_every_user_error_class_is_a_mosaic_error():
     from mosaic.cli import OptionError

@@ -880,6 +880,10 @@ def profile(
         "--remeasure", help="with --update: measure the named models' modules again even where "
         "--db holds them (a change their cost facts do not show, such as other attention "
         "kernels); each module's old points are replaced once its new surface is complete")] = False,
+    main_weights_only: Annotated[bool, typer.Option(
+        "--main-weights-only", help="with --update: measure only each module's bf16 weight "
+        "update, a weight at a time and over one flat gradient buffer (priced per module where "
+        "a plan updates a weight at a time: --no-bf16-flat-grads)")] = False,
     collectives: Annotated[bool, typer.Option(
         "--collectives", help="instead of modules: all-reduce, reduce-scatter, all-gather, "
         "broadcast and p2p from 4 KiB to 1 GiB between the GPUs of this torchrun world "
@@ -897,6 +901,9 @@ def profile(
         _fail("name the zoo models to profile (e.g. `mosaic profile clip imagebind`), or pass "
               "--collectives under torchrun")
 
+    if main_weights_only:
+        _profile_main_weights(models_, str(preset), db, hardware, update)
+        return
     if busy_only and (surfaces_only or not update):
         _fail("--busy-only adds busy fractions to the surfaces of an existing --db: pass "
               "--update, and not --surfaces-only (which skips them)")
@@ -959,6 +966,23 @@ def _profile_collectives(models: list[str], db: Path, hardware) -> None:
     code = collectives.main(["--db", str(db), "--hardware", str(hardware)])
     if code:
         raise typer.Exit(code)
+
+
+def _profile_main_weights(models: list[str], preset: str, db: Path, hardware: str,
+                          update: bool) -> None:
+    from mosaic.profile.db import ProfileDB
+    from mosaic.profile.main_weights import profile_main_weights
+
+    if not update or not db.is_file():
+        _fail("--main-weights-only adds to an existing --db: pass --update and the DB's path "
+              "(`mosaic profile` makes one first)")
+    if not _has_cuda():
+        _fail("mosaic profile measures on a CUDA GPU and this machine has none")
+    from mosaic.hardware import gpu_spec
+
+    with ProfileDB.open(db, hardware=gpu_spec(str(hardware)).name, readonly=False) as profile_db:
+        points = profile_main_weights(profile_db, models, preset, log=typer.echo)
+    typer.echo(f"bf16 updates of {len(points)} modules stored in {db}")
 
 
 @app.command("profile-recipe")

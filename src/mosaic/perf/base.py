@@ -231,13 +231,7 @@ class PerfModel(ABC):
     def _most_params(plan: Plan, graph: MMGraph) -> float:
         """Parameters on the GPU holding the most (a TP shard holds 1/t of its module's, a
         sharded placement 1/DP)."""
-        params: dict[int, float] = {}
-        for stage in plan.stages:
-            for p in stage.placements:
-                for g in p.gpus:
-                    share = p.tensor_parallel * (p.dp_degree if p.shard else 1)
-                    params[g] = params.get(g, 0) + graph.module(p.module).num_params / share
-        return max(params.values(), default=0)
+        return sum(graph.module(m).num_params * part for m, part in busiest_gpu_parts(plan, graph))
 
     def optimizer_step_s(self, num_params: float) -> float:
         """One optimizer step over `num_params` parameters on one GPU: its memory traffic at
@@ -322,3 +316,16 @@ class PerfModel(ABC):
         note = (f"; {self.accumulation} accumulated micro-steps per step"
                 if self.accumulation > 1 else "")
         return plan.with_prediction(self.iteration_time_s(plan, graph), self.describe() + note)
+
+
+def busiest_gpu_parts(plan: Plan, graph: MMGraph) -> list[tuple[str, float]]:
+    """(module, part of its parameters) held by the GPU holding the most parameters: a TP
+    shard holds 1/t of its module's, a sharded placement 1/DP."""
+    parts: dict[int, list[tuple[str, float]]] = {}
+    for stage in plan.stages:
+        for p in stage.placements:
+            share = p.tensor_parallel * (p.dp_degree if p.shard else 1)
+            for g in p.gpus:
+                parts.setdefault(g, []).append((p.module, 1.0 / share))
+    return max(parts.values(), default=[],
+               key=lambda held: sum(graph.module(m).num_params * part for m, part in held))

@@ -156,6 +156,8 @@ def gpu_engine_kind(gpus: int | None = None) -> str:
 
 
 BF16_WEIGHTS = "bf16-weights"
+PER_WEIGHT_UPDATE = "per-weight-update"
+"""With bf16 weights: the update launched a weight at a time, not over a flat gradient buffer."""
 """The engine-kind part of an engine that keeps bf16 GEMM weights and fp32 main weights."""
 
 
@@ -186,6 +188,8 @@ def engine_kind(engine: dict[str, Any] | None, gpus: int | None = None) -> str:
         parts.append("grads-in-graph")  # results before the field existed: False
     if engine.get("bf16_weights"):
         parts.append(BF16_WEIGHTS)
+        if not engine.get("bf16_flat_grads", True):
+            parts.append(PER_WEIGHT_UPDATE)
     return "+".join(parts) or "eager"
 
 
@@ -442,12 +446,17 @@ def stored_term(db: ProfileDB, engine: str | None) -> EngineTerm | None:
 def term_engine(engine: str) -> str:
     """The engine kind whose fitted term `engine` shares: a tuned compile mode reads as the
     default one (tuning changes which kernels run, not the per-step host work that the term
-    fits), and bf16 weights as fp32 ones (the same launches; what they save is in the
-    composed time: perf/profiled.py)."""
+    fits), and bf16 weights, updated either way, as fp32 ones (the same launches; what they
+    save or add is in the composed time: perf/profiled.py)."""
     return "+".join("compile-default" if part.removeprefix("compile-") in TUNED_MODES else part
-                    for part in engine.split("+") if part != BF16_WEIGHTS)
+                    for part in engine.split("+") if part not in (BF16_WEIGHTS, PER_WEIGHT_UPDATE))
 
 
 def bf16_weights(engine: str | None) -> bool:
     """Whether an engine kind stores its GEMM weights in bf16 (engine/main_weights.py)."""
     return BF16_WEIGHTS in (engine or "").split("+")
+
+
+def per_weight_update(engine: str | None) -> bool:
+    """Whether an engine kind updates its bf16 weights a weight at a time."""
+    return PER_WEIGHT_UPDATE in (engine or "").split("+")

@@ -37,11 +37,12 @@ from scipy.optimize import least_squares
 from mosaic.graph import MMGraph, ModuleSpec
 from mosaic.hardware import ClusterSpec, GPUSpec
 from mosaic.perf.analytic import AnalyticModel
-from mosaic.perf.base import ACCUMULATE_BYTES_PER_PARAM, PerfModel, Work
+from mosaic.perf.base import ACCUMULATE_BYTES_PER_PARAM, PerfModel, Work, busiest_gpu_parts
 from mosaic.perf.engine_term import (
     EngineTerm,
     bf16_weights,
     kernels_of_engine,
+    per_weight_update,
     plan_features,
     sequential_plan,
     stored_term,
@@ -70,6 +71,7 @@ from mosaic.profile.db import (
     module_signature,
     stand_in_kernels,
 )
+from mosaic.profile.main_weights import UpdatePoint, stored_updates
 from mosaic.profile.optimizer import OptimizerFit
 from mosaic.profile.optimizer import stored_fit as stored_optimizer_fit
 
@@ -689,6 +691,7 @@ class ProfiledModel(PerfModel):
             self.engine = engine
             self.engine_term: EngineTerm | None = stored_term(db, engine)
             self.optimizer_fit: OptimizerFit | None = stored_optimizer_fit(db)
+            self.updates: dict[str, UpdatePoint] = stored_updates(db)
         finally:
             if owned:
                 db.close()
@@ -745,7 +748,17 @@ class ProfiledModel(PerfModel):
                     used = self.surfaces.kernels_of(self.surfaces.signature_of(spec))
                     notes.append(f"{p.module}: no {self.surfaces.prefer} surface; the {used} "
                                  "one stands in")
-        return notes + self._stale_notes(plan, graph)
+        return notes + self._stale_notes(plan, graph) + self._update_notes(plan, graph)
+
+    def _update_notes(self, plan: Plan, graph: MMGraph) -> list[str]:
+        """With a per-weight update: the plan's modules whose update the DB has not measured."""
+        if not per_weight_update(self.engine):
+            return []
+        placed = dict.fromkeys(p.module for stage in plan.stages for p in stage.placements)
+        return [f"{m}: bf16 update a weight at a time not measured; priced as the flat one "
+                f"(measure it: mosaic profile {graph.name} --preset {graph.preset} --update "
+                "--main-weights-only)"
+                for m in placed if module_signature(graph.module(m)) not in self.updates]
 
     def _stale_notes(self, plan: Plan, graph: MMGraph) -> list[str]:
         """The plan's modules whose surface the colocations' alone times call stale."""
@@ -793,11 +806,23 @@ class ProfiledModel(PerfModel):
         composed = super().iteration_time_s(plan, graph)
         if not bf16_weights(self.engine):
             return composed
+        if per_weight_update(self.engine):
+            composed += self.per_weight_extra_s(plan, graph)
         n = self.accumulation
         saved = n * CAST_BYTES_PER_PARAM
         if n > 1:
             saved += n * (ACCUMULATE_BYTES_PER_PARAM - BF16_ADD_BYTES) - (n - 1) * FOLD_BYTES
         return composed - self.memory_pass_s(self._most_params(plan, graph), saved)
+
+    def per_weight_extra_s(self, plan: Plan, graph: MMGraph) -> float:
+        """What updating bf16 weights a weight at a time adds over the flat layout on the GPU
+        holding the most parameters: each module's measured difference (profile/main_weights.py;
+        0 for a module not measured, which coverage_notes names)."""
+        extra = 0.0
+        for module, part in busiest_gpu_parts(plan, graph):
+            point = self.updates.get(module_signature(graph.module(module)))
+            extra += point.per_weight_extra_s * part if point is not None else 0.0
+        return extra
 
     def engine_term_s(self, plan: Plan, graph: MMGraph) -> float:
         """The fitted per-step engine term of `plan` (0 without one for this engine kind)."""

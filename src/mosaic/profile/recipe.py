@@ -5,7 +5,8 @@ collectives come from a torchrun launch; engine terms are refitted from bench re
 its meta keeps only the last run's settings per part. So the recipe is derived from the
 contents themselves: one `mosaic profile` per (kernels, preset), split where some models have
 colocations and others only surfaces; one collectives launch per GPU count measured; one
-engine-term refit per engine kind, naming the bench results it was fitted on. The
+engine-term refit per engine kind, naming the bench results it was fitted on; one run per
+preset of the bf16 weight updates measured per module. The
 interference fits need no command of their own: `mosaic profile` stores them whenever it
 measured colocations, and the surfaces' fits after every run. Run on your own GPUs, the recipe gives the same kind of DB for them.
 """
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from mosaic.profile.db import TOPOLOGY_KEY, ProfileDB, colocation_kernels, profile_meta_key
+from mosaic.profile.main_weights import stored_updates
 from mosaic.profile.optimizer import FIT_NAME as OPTIMIZER_FIT
 
 ENGINE_TERM_PREFIX = "engine_term."
@@ -41,6 +43,7 @@ def rebuild_recipe(db_path: str | Path, out: str = "runs/profile.sqlite",
     terms' bench results are looked up under `results` (named as recorded where absent)."""
     with ProfileDB.open(db_path) as db:
         steps = _profile_steps(db, out)
+        steps += _main_weights_steps(db, out)
         steps += _collective_steps(db, out)
         steps += _engine_term_steps(db, out, Path(results))
     return steps
@@ -137,6 +140,21 @@ def _budget(db: ProfileDB, kernels: str, preset: str, colocations: bool,
         return float(json.loads(db.meta[key])["budget_s"])
     except (KeyError, TypeError, ValueError):
         return None
+
+
+def _main_weights_steps(db: ProfileDB, out: str) -> list[RecipeStep]:
+    """One --main-weights-only run per preset, for the models whose bf16 updates it holds."""
+    from mosaic.zoo import MODEL_NAMES
+
+    by_preset: dict[str, dict[str, int]] = {}
+    for point in stored_updates(db).values():
+        models = by_preset.setdefault(point.preset, {})
+        models[point.model] = models.get(point.model, 0) + 1
+    return [RecipeStep(
+        _profile_command(sorted(models, key=MODEL_NAMES.index), preset, "eager",
+                         " --main-weights-only", None, update=True, out=out),
+        f"`{preset}` bf16 weight updates, a weight at a time and flat, of "
+        f"{sum(models.values())} modules", "1 GPU") for preset, models in sorted(by_preset.items())]
 
 
 def _collective_steps(db: ProfileDB, out: str) -> list[RecipeStep]:

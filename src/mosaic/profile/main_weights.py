@@ -1,0 +1,204 @@
+"""The bf16 main-weights update per module, in both gradient layouts, measured.
+
+With bf16 weights (engine/main_weights.py) the engine updates a module's bf16 weights either
+in one launch over a flat gradient buffer, which the backward fills by copying each gradient
+into it, or a launch per weight, reading each gradient where the backward left it. The
+performance model prices the flat layout from the measured optimizer bandwidth
+(profile/optimizer.py). The per-weight one is not a law of the weights' count and size: on
+the H200 the per-weight update took 0.83-2.3x the flat one over the same weights, and a
+straight-line fit in (weights, parameters) over 23 modules missed by 38% held out. So the
+profiler measures it per module, as it measures each module's surface, and the model adds
+each module's measured difference (per-weight update, less flat update and gradient copy)
+where a plan updates a weight at a time.
+
+Each update is captured as a CUDA graph, as in a training step (the host's launches do not
+count), and timed by CUDA events: the median of TIMED replays after WARM. Stored in the
+ProfileDB's `fits` table under FIT_NAME, one entry per module signature (the module's cost
+facts: equal modules, equal weights).
+"""
+
+from __future__ import annotations
+
+import datetime
+import statistics
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from mosaic.profile.db import FitRecord, ProfileDB, module_signature
+
+FIT_NAME = "main_weights.update"
+WARM, TIMED = 4, 20
+
+
+@dataclass(frozen=True, slots=True)
+class UpdatePoint:
+    """One module's bf16 update, seconds a step in each layout."""
+
+    model: str
+    preset: str
+    module: str
+    bf16_weights: int
+    bf16_parameters: int
+    per_weight_s: float
+    flat_update_s: float
+    gradient_copy_s: float
+
+    @property
+    def per_weight_extra_s(self) -> float:
+        """What updating a weight at a time adds to a step over the flat layout (negative: it
+        saves), the flat layout paying for its gradient copy too."""
+        return self.per_weight_s - self.flat_update_s - self.gradient_copy_s
+
+
+def timed_s(fn: Callable[[], Any], device: Any, warm: int = WARM, timed: int = TIMED) -> float:
+    """Median seconds of `fn`: CUDA events on a GPU, the wall clock elsewhere."""
+    import torch
+
+    on_gpu = torch.device(device).type == "cuda"
+    times = []
+    for i in range(warm + timed):
+        if on_gpu:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            elapsed = start.elapsed_time(end) / 1e3
+        else:
+            t0 = time.perf_counter()
+            fn()
+            elapsed = time.perf_counter() - t0
+        if i >= warm:
+            times.append(elapsed)
+    return statistics.median(times)
+
+
+def captured(fn: Callable[[], Any], device: Any) -> Callable[[], Any]:
+    """`fn` captured once as a CUDA graph (its replay), or `fn` itself off the GPU."""
+    import torch
+
+    if torch.device(device).type != "cuda":
+        return fn
+    fn()  # allocations and compiles happen before capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
+
+
+def update_s(params: list[Any], grads: list[Any], dynamic: bool = True) -> float:
+    """Seconds of MainWeightsAdamW's step over `params` with gradients `grads` (it captures
+    its own step on a GPU once the gradients stay put)."""
+    from mosaic.engine.main_weights import MainWeightsAdamW
+
+    for p, g in zip(params, grads, strict=True):
+        p.grad = g
+    optimizer = MainWeightsAdamW(params, 1e-5, dynamic=dynamic)
+    seconds = timed_s(optimizer.step, params[0].device)
+    if params[0].device.type == "cuda" and not optimizer.graphs:
+        raise RuntimeError(f"the update was never captured: {optimizer.capture_failed}")
+    return seconds
+
+
+def flat_views(params: list[Any]) -> list[Any]:
+    """Views into one zeroed bf16 buffer shaped as `params`, laid end to end (the engine's flat
+    gradient buffer)."""
+    import torch
+
+    flat = torch.zeros(sum(p.numel() for p in params), dtype=torch.bfloat16,
+                       device=params[0].device)
+    views, start = [], 0
+    for p in params:
+        views.append(flat[start:start + p.numel()].view(p.shape))
+        start += p.numel()
+    return views
+
+
+def bf16_params(module: Any) -> list[Any]:
+    import torch
+
+    return [p for p in module.parameters() if p.dtype == torch.bfloat16 and p.requires_grad]
+
+
+def measure_module(module: Any) -> dict[str, float] | None:
+    """The module's per-weight update, flat update and gradient copy (seconds), or None when it
+    has no bf16 weights (cast them first: main_weights.cast_weights_bf16)."""
+    import torch
+
+    params = bf16_params(module)
+    if not params:
+        return None
+    device = params[0].device
+    fresh = [torch.randn_like(p) * 1e-3 for p in params]  # where the backward leaves them
+    views = flat_views(params)
+    per_weight = update_s(params, fresh)
+    flat = update_s(params, views)
+    copy = timed_s(captured(lambda: torch._foreach_copy_(views, fresh), device), device)
+    for p in params:
+        p.grad = None
+    return {"bf16_weights": len(params), "bf16_parameters": sum(p.numel() for p in params),
+            "per_weight_s": per_weight, "flat_update_s": flat, "gradient_copy_s": copy}
+
+
+def measure_model(name: str, preset: str, device: Any,
+                  log: Callable[[str], None] = print) -> dict[str, UpdatePoint]:
+    """Every module of zoo model `name` at `preset`, bf16 weights cast as the engine casts
+    them, by module signature."""
+    import torch
+
+    from mosaic.engine.main_weights import cast_weights_bf16
+    from mosaic.zoo import get_model
+
+    graph = get_model(name).graph(preset)
+    modules = get_model(name).build_modules(preset, torch.device(device), torch.float32,
+                                            names=graph.names, seed=0)
+    cast_weights_bf16(modules.values())
+    points = {}
+    for spec in graph.modules:
+        row = measure_module(modules[spec.name])
+        if row is None:
+            continue
+        point = UpdatePoint(model=name, preset=preset, module=spec.name, **row)
+        points[module_signature(spec)] = point
+        log(f"[{name}] {spec.name}: bf16 update a weight at a time {point.per_weight_s * 1e3:.3f} "
+            f"ms, flat {point.flat_update_s * 1e3:.3f} + copy {point.gradient_copy_s * 1e3:.3f} "
+            f"ms ({point.bf16_weights} weights)")
+    del modules
+    if torch.device(device).type == "cuda":
+        torch.cuda.empty_cache()
+    return points
+
+
+def store(db: ProfileDB, points: Mapping[str, UpdatePoint]) -> None:
+    """Add `points` to the DB's entries (a module measured again replaces its entry)."""
+    merged = {**stored_updates(db), **points}
+    db.add_fit(FitRecord(
+        name=FIT_NAME, params={"modules": {sig: asdict(p) for sig, p in sorted(merged.items())}},
+        mape=None, n_points=len(merged),
+        created=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")))
+
+
+def profile_main_weights(db: ProfileDB, models: Sequence[str], preset: str, device: Any = None,
+                         log: Callable[[str], None] = print) -> dict[str, UpdatePoint]:
+    """Measure every module's bf16 update of `models` at `preset` and store them in `db`, a
+    model at a time (a stopped run keeps the models done)."""
+    import torch
+
+    device = device or torch.device("cuda")
+    points: dict[str, UpdatePoint] = {}
+    for name in models:
+        measured = measure_model(name, preset, device, log)
+        store(db, measured)
+        points.update(measured)
+    return points
+
+
+def stored_updates(db: ProfileDB) -> dict[str, UpdatePoint]:
+    """The DB's measured bf16 updates by module signature (empty for DBs without them)."""
+    record = next((f for f in db.fits() if f.name == FIT_NAME), None)
+    if record is None:
+        return {}
+    return {sig: UpdatePoint(**row) for sig, row in record.params["modules"].items()}

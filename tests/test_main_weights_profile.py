@@ -1,0 +1,101 @@
+"""The bf16 weight update measured per module (profile/main_weights.py): what it measures, its
+place in the ProfileDB and the recipe, and the model pricing a per-weight update with it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from mosaic.engine.main_weights import cast_weights_bf16
+from mosaic.hardware import make_cluster
+from mosaic.perf.engine_term import engine_kind, per_weight_update, term_engine
+from mosaic.perf.profiled import ProfiledModel
+from mosaic.plan import Placement, Plan, Stage
+from mosaic.profile.db import ProfileDB, module_signature
+from mosaic.profile.main_weights import UpdatePoint, measure_module, store, stored_updates
+from mosaic.profile.recipe import rebuild_recipe
+from tests.helpers import encoders_and_head
+
+CLUSTER = make_cluster(1, "h200")
+FLAT = "graphs+compile-default+grads-in-graph+bf16-weights"
+PER_WEIGHT = FLAT + "+per-weight-update"
+
+
+def _point(module: str, per_weight_ms: float, flat_ms: float, copy_ms: float) -> UpdatePoint:
+    return UpdatePoint(model="clip", preset="small", module=module, bf16_weights=3,
+                       bf16_parameters=3 << 16, per_weight_s=per_weight_ms / 1e3,
+                       flat_update_s=flat_ms / 1e3, gradient_copy_s=copy_ms / 1e3)
+
+
+def test_a_module_is_measured_in_both_layouts_over_its_bf16_weights():
+    torch.manual_seed(0)
+    module = nn.Sequential(nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 256), nn.LayerNorm(256))
+    (cast,) = [cast_weights_bf16([module])]
+    assert len(cast) == 2
+    before = [p.detach().clone() for p in module.parameters()]
+    row = measure_module(module)
+    assert row is not None and row["bf16_weights"] == 2 and row["bf16_parameters"] == 2 << 16
+    assert all(row[k] > 0 for k in ("per_weight_s", "flat_update_s", "gradient_copy_s"))
+    assert all(p.grad is None for p in module.parameters())  # no gradients left behind
+    assert any(not torch.equal(a, b) for a, b in zip(before, module.parameters(), strict=True))
+    assert measure_module(nn.Sequential(nn.LayerNorm(8))) is None  # no bf16 weights
+
+
+def test_stored_updates_come_back_and_a_module_measured_again_replaces_its_entry(tmp_path):
+    with ProfileDB.create(tmp_path / "p.sqlite", hardware="h200", num_sms=132) as db:
+        assert stored_updates(db) == {}
+        store(db, {"a": _point("vision", 1.0, 0.6, 0.1), "b": _point("text", 0.5, 0.4, 0.1)})
+        store(db, {"a": _point("vision", 0.9, 0.6, 0.1)})
+        got = stored_updates(db)
+    assert set(got) == {"a", "b"} and got["a"].per_weight_s == pytest.approx(0.9e-3)
+    assert got["a"].per_weight_extra_s == pytest.approx(0.2e-3)
+    assert got["b"].per_weight_extra_s == pytest.approx(0.0, abs=1e-12)
+
+
+def test_the_engine_kind_names_the_per_weight_update_and_shares_the_fp32_term():
+    engine = {"graphs": True, "compile": "default", "grads_in_graph": True, "bf16_weights": True}
+    assert engine_kind(engine, 1) == FLAT
+    assert engine_kind({**engine, "bf16_flat_grads": False}, 1) == PER_WEIGHT
+    assert engine_kind({**engine, "bf16_weights": False, "bf16_flat_grads": False}, 1) == (
+        "graphs+compile-default+grads-in-graph")
+    assert per_weight_update(PER_WEIGHT) and not per_weight_update(FLAT)
+    assert term_engine(PER_WEIGHT) == term_engine(FLAT) == "graphs+compile-default+grads-in-graph"
+
+
+def _plan_and_db(tmp_path, measured: dict[str, tuple[float, float, float]]):
+    graph = encoders_and_head(num_encoders=2, batch=8)
+    stages = tuple(Stage(placements=(Placement(module=m.name, gpus=(0,)),)) for m in graph.modules)
+    plan = Plan(model="toy", planner="manual", num_gpus=1, stages=stages)
+    path = tmp_path / "p.sqlite"
+    with ProfileDB.create(path, hardware="h200", num_sms=132) as db:
+        store(db, {module_signature(graph.module(name)): _point(name, *ms)
+                   for name, ms in measured.items()})
+    return graph, plan, path
+
+
+def test_a_per_weight_plan_adds_each_measured_modules_difference(tmp_path):
+    graph, plan, path = _plan_and_db(tmp_path, {"enc0": (1.0, 0.6, 0.1), "enc1": (0.5, 0.5, 0.1)})
+    flat = ProfiledModel(CLUSTER, path, engine=FLAT)
+    per_weight = ProfiledModel(CLUSTER, path, engine=PER_WEIGHT)
+    gap = per_weight.iteration_time_s(plan, graph) - flat.iteration_time_s(plan, graph)
+    assert gap == pytest.approx((0.3 - 0.1) * 1e-3)
+    assert flat.per_weight_extra_s(plan, graph) == pytest.approx(0.2e-3)  # asked, not added
+    notes = per_weight.coverage_notes(plan, graph)
+    assert [n for n in notes if "weight at a time" in n] == [
+        "head: bf16 update a weight at a time not measured; priced as the flat one (measure "
+        "it: mosaic profile toy --preset custom --update --main-weights-only)"]
+    assert not [n for n in flat.coverage_notes(plan, graph) if "weight at a time" in n]
+
+
+def test_the_recipe_measures_the_updates_once_per_preset(tmp_path):
+    path = tmp_path / "p.sqlite"
+    with ProfileDB.create(path, hardware="h200", num_sms=132) as db:
+        store(db, {"a": _point("vision", 1.0, 0.6, 0.1), "b": _point("text", 0.5, 0.4, 0.1),
+                   "c": UpdatePoint(model="qwen3-vl", preset="small", module="llm",
+                                    bf16_weights=57, bf16_parameters=10, per_weight_s=5e-3,
+                                    flat_update_s=3e-3, gradient_copy_s=6e-4)})
+    steps = [s for s in rebuild_recipe(path, "out.sqlite") if "--main-weights-only" in s.command]
+    assert [s.command for s in steps] == [
+        "mosaic profile clip qwen3-vl --preset small --main-weights-only --update --db out.sqlite"]
+    assert steps[0].needs == "1 GPU" and "3 modules" in steps[0].what
