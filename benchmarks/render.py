@@ -468,7 +468,27 @@ def _target_row(report: dict[str, Any], path: Path, results: Path, times: int) -
             ms(user["measured_iteration_s"]) if user else "not run",
             _verdict(_ratio(base, mosaic), SPEEDUP_VS_BASELINE),
             _verdict(_ratio(user, mosaic), SPEEDUP_VS_USER),
-            within, _mfu_cell(report, mosaic), _bf16_weights_cell(report, rows.get(BF16_MOSAIC))]
+            within, _mfu_cell(report, mosaic), _bf16_weights_cell(report, rows.get(BF16_MOSAIC)),
+            _autotune_cell(report, rows.get(AUTOTUNE))]
+
+
+AUTOTUNE = "autotune"
+"""The plan `--autotune K` kept after measuring the K best predicted plans and the baselines'
+at start-up, timed in the rounds beside the others."""
+
+
+def _autotune_cell(report: dict[str, Any], row: dict[str, Any] | None) -> str:
+    """Against the run's best baseline and the user's torch.compile program, with the target
+    verdicts; which plan it kept, of how many measured, and its start-up."""
+    tuned = report.get("autotune")
+    if row is None or not tuned:
+        return "–"
+    base, user = best_baseline(report), user_baseline(report)
+    versus = f", {_verdict(_ratio(user, row), SPEEDUP_VS_USER)} torch-compile" if user else ""
+    return (f"{ms(row['measured_iteration_s'])} ms: "
+            f"{_verdict(_ratio(base, row), SPEEDUP_VS_BASELINE)} {base['planner']}{versus}; "
+            f"kept {tuned['chosen']} of {len(tuned['measurements'])} plans measured, start-up "
+            f"{tuned['startup_s']:.0f} s")
 
 
 BF16_MOSAIC = "mosaic@bf16_weights=true"
@@ -510,7 +530,7 @@ def targets_one_gpu(results: Path, arg: str | None) -> str:
                 if key in latest:
                     rows.append(head + _target_row(latest[key][1], latest[key][0], results, times))
                 else:
-                    rows.append(head + [_unmeasured(model, preset, key[2])] + ["–"] * 9)
+                    rows.append(head + [_unmeasured(model, preset, key[2])] + ["–"] * 10)
     header = ["model", "preset", "batch", "result", "date", "mosaic, ms",
               "best baseline, ms", "torch-compile, ms",
               f"vs best baseline (≥{SPEEDUP_VS_BASELINE:.2f}x)",
@@ -518,7 +538,8 @@ def targets_one_gpu(results: Path, arg: str | None) -> str:
               f"mosaic's plan behind the best plan (4x: ≤{PLAN_WITHIN:.0%})",
               f"mosaic MFU (of {PEAK_TFLOPS:.0f} TF/s; `paper` {', '.join(MFU_TARGET_MODELS)}: "
               f"≥{MFU_TARGET:.0%})",
-              "mosaic with bf16 weights (`--engine-variant bf16_weights=true`), same run"]
+              "mosaic with bf16 weights (`--engine-variant bf16_weights=true`), same run",
+              "mosaic `--autotune K`, same run"]
     return table(header, rows)
 
 
@@ -526,7 +547,8 @@ def targets_one_gpu(results: Path, arg: str | None) -> str:
 def measured_summary(results: Path, arg: str | None) -> str:
     """The README's table: every row of the targets table whose run measured the user's
     torch.compile program, and mosaic's plan with bf16 weights where the run measured it too
-    (against the baselines' plans with bf16 weights where there are some)."""
+    (against the baselines' plans with bf16 weights where there are some), and the plan
+    `--autotune` kept where the run autotuned."""
     latest = _latest_runs(results)
     rows = []
     for model in ONE_GPU_MODELS:
@@ -544,6 +566,10 @@ def measured_summary(results: Path, arg: str | None) -> str:
                 if bf16 is not None:
                     rows.append(_summary_row(f"{name}, bf16 weights", report, bf16,
                                              _bf16_baseline(report), user))
+                tuned = plans.get(AUTOTUNE)
+                if tuned is not None and report.get("autotune"):
+                    rows.append(_summary_row(f"{name}, `--autotune`", report, tuned,
+                                             best_baseline(report), user))
     return table(["model", "batch", "user's program, torch.compile", "best in-engine baseline",
                   "mosaic", "mosaic vs torch.compile"], rows)
 
