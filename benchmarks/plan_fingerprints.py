@@ -9,8 +9,11 @@ shares, priorities, predicted iteration), or compares with a file written elsewh
     PYTHONPATH=src python benchmarks/plan_fingerprints.py OUT.json
     PYTHONPATH=src python benchmarks/plan_fingerprints.py OUT.json --against benchmarks/plans/fingerprints_cpu.json
 
-The comparison prints each row whose plan differs and exits 1 if any does; predictions must
-agree to 1e-9 relative.
+The comparison prints each row whose plan differs and exits 1 if any does. A stage's
+placements may come in any order (the model prices a stage as a set, and GAHC breaks a tie
+between equal modules either way), and predictions must agree to RELATIVE: after the stored
+fits, the GPU machine's predictions still differed from this CPU's by up to 9e-7 relative
+(2026-12-03), float noise in what is still computed on load, far below any plan's margin.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ ROWS = (("clip", "small", 32), ("clip", "paper", 32), ("imagebind", "small", 32)
         ("imagebind", "paper", 8), ("ofasys", "small", 8), ("ofasys", "paper", 8),
         ("unified-io-2", "small", 8), ("qwen3-vl", "small", 8))
 PLANNERS = ("mosaic", "gahc", "megatron", "distmm", "spindle")
-RELATIVE = 1e-9
+RELATIVE = 1e-5
 
 
 def fingerprints() -> dict[str, dict]:
@@ -46,13 +49,18 @@ def fingerprints() -> dict[str, dict]:
     return out
 
 
+def _as_sets(stages: list[list[str]]) -> list[tuple[str, frozenset[str]]]:
+    """Each stage's sharing mode and its placements in any order."""
+    return [(sharing, frozenset(placements)) for sharing, *placements in stages]
+
+
 def differences(mine: dict[str, dict], theirs: dict[str, dict]) -> list[str]:
     lines = []
     for key in sorted(set(mine) | set(theirs)):
         a, b = mine.get(key), theirs.get(key)
         if a is None or b is None:
             lines.append(f"{key}: only {'here' if b is None else 'there'}")
-        elif a["stages"] != b["stages"]:
+        elif _as_sets(a["stages"]) != _as_sets(b["stages"]):
             lines.append(f"{key}: here {a['stages']} there {b['stages']}")
         elif abs(a["predicted_s"] - b["predicted_s"]) > RELATIVE * b["predicted_s"]:
             lines.append(f"{key}: predicted {a['predicted_s']!r} here, {b['predicted_s']!r} there")
