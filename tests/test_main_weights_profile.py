@@ -99,3 +99,29 @@ def test_the_recipe_measures_the_updates_once_per_preset(tmp_path):
     assert [s.command for s in steps] == [
         "mosaic profile clip qwen3-vl --preset small --main-weights-only --update --db out.sqlite"]
     assert steps[0].needs == "1 GPU" and "3 modules" in steps[0].what
+
+
+def test_the_shipped_db_holds_the_update_of_every_zoo_module():
+    """Every module of every zoo model that fits one H200, at both presets (a text encoder of
+    embeddings alone as holding no bf16 weight), found as the model finds it."""
+    from mosaic.zoo import MODEL_NAMES, get_model
+
+    model = ProfiledModel(CLUSTER, engine=PER_WEIGHT)
+    missing = [f"{name}/{preset}/{spec.name}" for name in MODEL_NAMES
+               for preset in ("small", "paper") if (name, preset) != ("qwen3-vl", "paper")
+               for spec in get_model(name).graph(preset).modules if model.update_of(spec) is None]
+    assert missing == []
+    held = model.updates.values()
+    assert all(p.per_weight_s > 0 and p.flat_update_s > 0 for p in held if p.bf16_weights)
+    assert {p.module for p in held if not p.bf16_weights} == {"text"}
+
+
+def test_a_zoo_model_is_measured_module_by_module_and_weightless_ones_say_so():
+    """`tiny` modules hold no weight large enough for bf16: each is recorded as updating
+    nothing, the same modules the meta-device count finds without measuring."""
+    from mosaic.profile.main_weights import measure_model, weightless_modules
+
+    points = measure_model("clip", "tiny", torch.device("cpu"), log=lambda line: None)
+    assert [p.module for p in points.values()] == ["vision", "text", "align"]
+    assert all(p.bf16_weights == 0 and p.per_weight_extra_s == 0 for p in points.values())
+    assert weightless_modules("clip", "tiny") == points

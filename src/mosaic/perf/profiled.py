@@ -692,6 +692,8 @@ class ProfiledModel(PerfModel):
             self.engine_term: EngineTerm | None = stored_term(db, engine)
             self.optimizer_fit: OptimizerFit | None = stored_optimizer_fit(db)
             self.updates: dict[str, UpdatePoint] = stored_updates(db)
+            self._update_specs = {sig: record.spec for record in db.modules()
+                                  if (sig := module_signature(record.spec)) in self.updates}
         finally:
             if owned:
                 db.close()
@@ -758,7 +760,7 @@ class ProfiledModel(PerfModel):
         return [f"{m}: bf16 update a weight at a time not measured; priced as the flat one "
                 f"(measure it: mosaic profile {graph.name} --preset {graph.preset} --update "
                 "--main-weights-only)"
-                for m in placed if module_signature(graph.module(m)) not in self.updates]
+                for m in placed if self.update_of(graph.module(m)) is None]
 
     def _stale_notes(self, plan: Plan, graph: MMGraph) -> list[str]:
         """The plan's modules whose surface the colocations' alone times call stale."""
@@ -820,9 +822,19 @@ class ProfiledModel(PerfModel):
         0 for a module not measured, which coverage_notes names)."""
         extra = 0.0
         for module, part in busiest_gpu_parts(plan, graph):
-            point = self.updates.get(module_signature(graph.module(module)))
+            point = self.update_of(graph.module(module))
             extra += point.per_weight_extra_s * part if point is not None else 0.0
         return extra
+
+    def update_of(self, spec: ModuleSpec) -> UpdatePoint | None:
+        """The module's measured bf16 update: by its cost facts, else those of a profiled
+        module of the same shape within 2% (other library versions count slightly other
+        facts), as for surfaces."""
+        exact = self.updates.get(module_signature(spec))
+        if exact is not None:
+            return exact
+        return next((self.updates[sig] for sig, other in self._update_specs.items()
+                     if _close(spec, other)), None)
 
     def engine_term_s(self, plan: Plan, graph: MMGraph) -> float:
         """The fitted per-step engine term of `plan` (0 without one for this engine kind)."""

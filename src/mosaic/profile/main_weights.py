@@ -158,9 +158,7 @@ def measure_model(name: str, preset: str, device: Any,
     cast_weights_bf16(modules.values())
     points = {}
     for spec in graph.modules:
-        row = measure_module(modules[spec.name])
-        if row is None:
-            continue
+        row = measure_module(modules[spec.name]) or NO_BF16_WEIGHTS
         point = UpdatePoint(model=name, preset=preset, module=spec.name, **row)
         points[module_signature(spec)] = point
         log(f"[{name}] {spec.name}: bf16 update a weight at a time {point.per_weight_s * 1e3:.3f} "
@@ -170,6 +168,29 @@ def measure_model(name: str, preset: str, device: Any,
     if torch.device(device).type == "cuda":
         torch.cuda.empty_cache()
     return points
+
+
+NO_BF16_WEIGHTS = {"bf16_weights": 0, "bf16_parameters": 0, "per_weight_s": 0.0,
+                   "flat_update_s": 0.0, "gradient_copy_s": 0.0}
+"""A module none of whose weights is stored in bf16 (an embedding-only text encoder): the
+layouts update nothing, and the model knows it measured nothing to add."""
+
+
+def weightless_modules(name: str, preset: str) -> dict[str, UpdatePoint]:
+    """Zoo model `name`'s modules without a weight stored in bf16, by signature: built on the
+    meta device (no memory, no GPU), since which weights are cast is a fact of the shapes."""
+    import torch
+
+    from mosaic.engine.main_weights import cast_weights_bf16
+    from mosaic.zoo import get_model
+
+    graph = get_model(name).graph(preset)
+    modules = get_model(name).build_modules(preset, torch.device("meta"), torch.float32,
+                                            names=graph.names, seed=0)
+    cast_weights_bf16(modules.values())
+    return {module_signature(spec): UpdatePoint(model=name, preset=preset, module=spec.name,
+                                                **NO_BF16_WEIGHTS)
+            for spec in graph.modules if not bf16_params(modules[spec.name])}
 
 
 def store(db: ProfileDB, points: Mapping[str, UpdatePoint]) -> None:
