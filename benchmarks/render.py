@@ -12,7 +12,7 @@ fixed rules, so the output is deterministic and a figure cannot drift from its d
 Renderers: one-gpu-bench[:DIR], green-probe[:FILE], gemm-probe:FILE, bench:DIR_OR_FILE, iteration-error[:DIR],
 scaling-sim[:DIR], variants:DIR, targets-1gpu, profile-recipe[:DB],
 step-fit:FILE,FILE[,...], kernel-time:FILE[,...], train-in-flight:DIR,
-guard-host-cost:FILE, autotune-choices:FILE, gate-misses[:DIR],
+guard-host-cost:FILE, autotune-choices:FILE, gate-misses[:DIR], main-weights-profile:DB,
 checkpoint-background:DIR, busy-fractions:FILE.
 """
 
@@ -946,6 +946,27 @@ def main_weights_layout(results: Path, arg: str | None) -> str:
                   "a weight at a time, a kernel per size, ms", "flat, one launch, ms",
                   "gradient copy, ms",
                   "per-weight / flat update", "cheaper (flat: update + copy)"], rows)
+
+
+@renderer("main-weights-profile")
+def main_weights_profile(results: Path, arg: str | None) -> str:
+    """The bf16 updates `mosaic profile --main-weights-only` stored in the ProfileDB at
+    results/ARG: per module, a weight at a time against the flat update plus its gradient
+    copy, and what a per-weight plan adds (the model's term)."""
+    from mosaic.profile.db import ProfileDB
+    from mosaic.profile.main_weights import stored_updates
+
+    if not arg or not (results / arg).is_file():
+        raise RenderError("main-weights-profile needs a ProfileDB under results/")
+    with ProfileDB.open(results / arg) as db:
+        points = sorted(stored_updates(db).values(), key=lambda p: (p.preset, p.model))
+    rows = [[p.model, p.preset, p.module, str(p.bf16_weights), f"{p.bf16_parameters / 1e6:.0f} M",
+             f"{p.per_weight_s * 1e3:.3f}", f"{p.flat_update_s * 1e3:.3f}",
+             f"{p.gradient_copy_s * 1e3:.3f}", f"{p.per_weight_extra_s * 1e3:+.3f}"]
+            for p in points if p.bf16_weights]
+    return table(["model", "preset", "module", "bf16 weights", "parameters",
+                  "a weight at a time, ms", "flat, one launch, ms", "gradient copy, ms",
+                  "a weight at a time adds, ms"], rows)
 
 
 # --- checkpoint saves written before the next step or in the background ------------------------

@@ -54,9 +54,11 @@ SEARCH_LIMIT_S = 10.0
 """Wall-time cap of the exhaustive and GAHC searches (a start-up cost, not a training one)."""
 PER_WEIGHT_UPDATE = {"bf16_flat_grads": False}
 """With bf16 weights, the best predicted plan is measured once more updating its weights a
-weight at a time (no flat gradient copy): which update is faster is the model's (H200:
-Unified-IO 2 `paper` b4 1.035x a weight at a time, Qwen3-VL `small` b8 1.081x flat), and the
-per-module times do not follow the weights' sizes, so it is measured, not predicted."""
+weight at a time (no flat gradient copy): which update is faster is the model's (H200: a
+weight at a time 1.035x on Unified-IO 2 `paper` b4 and 1.026x on Qwen3-VL `small` b8, flat
+1.01-1.03x on CLIP `paper` b32). The profiled model prices it from each module's measured
+update (profile/main_weights.py), but the difference is often tenths of a millisecond, within
+the model's error, so it is measured too."""
 
 
 class AutotuneError(MosaicError):

@@ -442,10 +442,11 @@ def train(
                                                "not sharded or tensor-parallel ones)")] = False,
     bf16_flat_grads: Annotated[bool, typer.Option(help="with --bf16-weights: each module's bf16 "
                                                   "gradients copied into one buffer and updated "
-                                                  "in one launch (Qwen3-VL small b8 1.08x on the "
-                                                  "H200), or, --no-bf16-flat-grads, updated where "
-                                                  "the backward left them, a weight at a time "
-                                                  "(Unified-IO 2 paper b4 1.035x)")] = True,
+                                                  "in one launch (CLIP paper b32 1.01-1.03x on "
+                                                  "the H200), or, --no-bf16-flat-grads, updated "
+                                                  "where the backward left them, a weight at a "
+                                                  "time (Unified-IO 2 paper b4 1.035x, Qwen3-VL "
+                                                  "small b8 1.026x)")] = True,
     checkpoint_dir: Annotated[Path | None, typer.Option(help="directory for atomic checkpoints (torch.distributed.checkpoint)")] = None,
     checkpoint_every: Annotated[int, typer.Option(help="checkpoint every K steps (and at the end); 0: only at the end")] = 0,
     checkpoint_background: Annotated[bool, typer.Option(help="write checkpoints in a background thread: a step waits only for the copy to host memory; a checkpoint counts once every rank wrote it")] = False,
