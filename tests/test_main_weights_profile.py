@@ -67,6 +67,7 @@ def _plan_and_db(tmp_path, measured: dict[str, tuple[float, float, float]]):
     graph = encoders_and_head(num_encoders=2, batch=8)
     stages = tuple(Stage(placements=(Placement(module=m.name, gpus=(0,)),)) for m in graph.modules)
     plan = Plan(model="toy", planner="manual", num_gpus=1, stages=stages)
+    tmp_path.mkdir(parents=True, exist_ok=True)
     path = tmp_path / "p.sqlite"
     with ProfileDB.create(path, hardware="h200", num_sms=132) as db:
         store(db, {module_signature(graph.module(name)): _point(name, *ms)
@@ -125,3 +126,28 @@ def test_a_zoo_model_is_measured_module_by_module_and_weightless_ones_say_so():
     assert [p.module for p in points.values()] == ["vision", "text", "align"]
     assert all(p.bf16_weights == 0 and p.per_weight_extra_s == 0 for p in points.values())
     assert weightless_modules("clip", "tiny") == points
+
+
+def test_training_updates_a_weight_at_a_time_only_where_the_model_predicts_it_clearly_faster(
+        tmp_path):
+    from mosaic.cli import PER_WEIGHT_MARGIN, predicted_update_layout
+    from mosaic.engine.session import EngineConfig
+    from mosaic.perf.analytic import AnalyticModel
+
+    graph, plan, path = _plan_and_db(tmp_path / "none", {})
+    step_ms = ProfiledModel(CLUSTER, path, engine=FLAT).iteration_time_s(plan, graph) * 1e3
+    engine = EngineConfig(bf16_weights=True)
+    for saving, per_weight in ((2 * PER_WEIGHT_MARGIN, True), (PER_WEIGHT_MARGIN / 2, False)):
+        graph, plan, path = _plan_and_db(tmp_path / str(per_weight), {"enc0": (1.0, 1.0 + saving * step_ms, 0.0)})
+        perf = ProfiledModel(CLUSTER, path, engine=FLAT)
+        chosen, why = predicted_update_layout(plan, graph, perf, engine)
+        assert chosen.bf16_flat_grads is (not per_weight)
+        assert (why is not None) is per_weight
+    assert why is None and chosen is engine
+    graph, plan, path = _plan_and_db(tmp_path, {"enc0": (1.0, 1.0 + step_ms, 0.0)})
+    perf = ProfiledModel(CLUSTER, path, engine=FLAT)
+    assert predicted_update_layout(plan, graph, perf, engine)[0].bf16_flat_grads is False
+    # Where the layouts were not measured, and without measured updates: as given.
+    accumulating = EngineConfig(bf16_weights=True, accumulation=2)
+    assert predicted_update_layout(plan, graph, perf, accumulating) == (accumulating, None)
+    assert predicted_update_layout(plan, graph, AnalyticModel(CLUSTER), engine) == (engine, None)
