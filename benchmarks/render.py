@@ -11,7 +11,7 @@ fixed rules, so the output is deterministic and a figure cannot drift from its d
 
 Renderers: one-gpu-bench[:DIR], green-probe[:FILE], gemm-probe:FILE, bench:DIR_OR_FILE, iteration-error[:DIR],
 scaling-sim[:DIR], variants:DIR, targets-1gpu, profile-recipe[:DB],
-step-fit:FILE,FILE[,...], kernel-time:FILE[,...], train-in-flight:DIR,
+step-fit:FILE,FILE[,...], kernel-time:FILE[,...], train-in-flight:DIR, train-summaries:DIR,
 guard-host-cost:FILE, autotune-choices:FILE, gate-misses[:DIR], main-weights-profile:DB,
 checkpoint-background:DIR, busy-fractions:FILE.
 """
@@ -809,6 +809,26 @@ def train_in_flight(results: Path, arg: str | None) -> str:
                   "rows drawn by", "one step's rows on one thread, ms", "read each step, ms",
                   "in flight, ms", "in flight vs read each", "MFU in flight (of 989 TF/s)",
                   "in flight, other row drawing, NaN guard or bf16 weights"], rows)
+
+
+@renderer("train-summaries")
+def train_summaries(results: Path, arg: str | None) -> str:
+    """Every `mosaic train` summary JSON under results/ARG, one row each: the plan, the bf16
+    update's layout, and the trained steps' median and p90."""
+    if not arg:
+        raise RenderError("train-summaries needs a directory under results/")
+    rows = []
+    for path in sorted((results / arg).rglob("*summary.json")):
+        r = load(path)
+        layout = ("–" if not r.get("bf16_weights") else
+                  "flat" if r.get("bf16_flat_grads", True) else "a weight at a time")
+        rows.append([path.name, r["model"], r["preset"], str(r["global_batch"]),
+                     str(r["num_gpus"]), r["planner"], "bf16" if r.get("bf16_weights") else "fp32",
+                     layout, str(r["steps"]), ms(r["step_time_median_s"]),
+                     ms(r["step_time_p90_s"]), pct(r.get("host_launch_share"), signed=False)])
+    return table(["file", "model", "preset", "batch", "GPUs", "plan", "weights",
+                  "bf16 update", "steps", "median step, ms", "p90 step, ms",
+                  "host launch / step"], rows)
 
 
 @renderer("guard-host-cost")
