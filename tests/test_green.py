@@ -1,6 +1,7 @@
 """SM partition pool on CPU: request building, layout, checks, the CPU fallback, and the green
 path driven by a stand-in for cuda.bindings.driver (the real one runs in tests/gpu)."""
 
+import dataclasses
 import json
 import logging
 from types import SimpleNamespace
@@ -9,7 +10,7 @@ import pytest
 
 from mosaic.engine import green
 from mosaic.engine.green import PoolError, SMPartitionPool, StreamRequest, layout, requests_for_plan
-from mosaic.hardware import H200
+from mosaic.hardware import H200, HardwareError
 from mosaic.plan import Placement, Plan, Stage
 
 H200_UNITS = [8] * 15 + [12]  # what cuDevSmResourceSplitByCount returned on the lent H200
@@ -116,6 +117,18 @@ def test_cpu_fallback_records_quotas_without_streams(monkeypatch):
         assert pool.setup_s >= 0
         with pytest.raises(KeyError, match="no stream for module 'nope'"):
             pool.stream("nope")
+
+
+def test_without_a_gpu_the_pool_records_the_ranges_the_h200s_split_gives(monkeypatch):
+    monkeypatch.setattr(green, "_cuda_available", lambda: False)
+    with SMPartitionPool.create([req("front", "cap", 120), req("small", "cap", 8)],
+                                gpu=H200) as pool:
+        summary = pool.describe()
+        assert summary["unit_sms"] == H200_UNITS and summary["structured_units"] == 15
+        assert pool.sm_ranges() == {"front": (0, 15), "small": (14, 16)}  # never the leftover alone
+    assert green.regular_units(132, 8) == [8] * 16 + [4]  # a GPU whose split was not measured
+    with pytest.raises(HardwareError, match="split_groups=17"):
+        dataclasses.replace(H200, split_groups=17)
 
 
 # --- the green path, with a stand-in driver ------------------------------------------------------

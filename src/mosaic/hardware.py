@@ -37,10 +37,18 @@ class GPUSpec:
     """Where the numbers come from (measured here, or datasheet leads)."""
     datasheet_bf16_flops: float = 989e12
     """The vendor's dense bf16 peak (FLOP/s): MFU is quoted against it, as the field does."""
+    split_groups: int | None = None
+    """Groups of sm_granularity SMs that the driver's SM split makes (the rest is one leftover,
+    whose SMs are not co-scheduled, so a green context of them alone fails cluster launches);
+    None: as many as fit. Lets a pool without a GPU record the ranges the GPU would give."""
 
     def __post_init__(self) -> None:
         if self.num_sms < 1 or self.sm_granularity < 1:
             raise HardwareError(f"{self.name}: num_sms and sm_granularity must be >= 1")
+        if self.split_groups is not None and not (
+                0 < self.split_groups * self.sm_granularity <= self.num_sms):
+            raise HardwareError(f"{self.name}: split_groups={self.split_groups} groups of "
+                                f"{self.sm_granularity} SMs do not fit its {self.num_sms} SMs")
 
     @property
     def num_sm_groups(self) -> int:
@@ -67,6 +75,7 @@ H200 = GPUSpec(
     bandwidth_saturation_sms=48,
     kernel_latency_s=4e-6,
     source="measured on the lent H200 (torch 2.11+cu130), 2026-10/11",
+    split_groups=15,  # cuDevSmResourceSplitByCount(8): 15 groups + 12 leftover SMs, 2026-12-03
 )
 
 # H100 SXM: same SM array as the H200; matrix rate scaled from the H200's measured/datasheet

@@ -99,10 +99,12 @@ def requests_for_plan(plan: Plan, gpu_id: int, gpu: GPUSpec) -> list[StreamReque
 
 
 # --- layout: which SM units each quota gets (pure, tested on CPU) ------------------------------
-def regular_units(num_sms: int, granularity: int) -> list[int]:
-    """The units a GPUSpec promises: whole groups, then the leftover SMs as one more unit."""
-    units = [granularity] * (num_sms // granularity)
-    return units + [num_sms % granularity] if num_sms % granularity else units
+def regular_units(num_sms: int, granularity: int, groups: int | None = None) -> list[int]:
+    """The units a GPUSpec promises: `groups` whole groups (default: as many as fit, else the
+    count the GPU's split was measured to make), then the leftover SMs as one more unit."""
+    groups = num_sms // granularity if groups is None else groups
+    leftover = num_sms - groups * granularity
+    return [granularity] * groups + ([leftover] if leftover else [])
 
 
 def check_requests(requests: Sequence[StreamRequest], device_sms: int | None) -> None:
@@ -401,7 +403,8 @@ class SMPartitionPool:
         if not _cuda_available():
             device_sms = gpu.num_sms if gpu else None
             check_requests(requests, device_sms)
-            units = regular_units(device_sms, granularity) if device_sms else []
+            units = (regular_units(device_sms, granularity, gpu.split_groups if gpu else None)
+                     if device_sms else [])
             pool = cls(requests=requests, device=None, backend="cpu", streams={},
                        ranges=_recorded_ranges(requests, units, granularity), unit_sms=units,
                        device_sms=device_sms, granularity=granularity,
