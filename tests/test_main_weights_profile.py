@@ -151,3 +151,23 @@ def test_training_updates_a_weight_at_a_time_only_where_the_model_predicts_it_cl
     accumulating = EngineConfig(bf16_weights=True, accumulation=2)
     assert predicted_update_layout(plan, graph, perf, accumulating) == (accumulating, None)
     assert predicted_update_layout(plan, graph, AnalyticModel(CLUSTER), engine) == (engine, None)
+
+
+def test_an_update_measured_with_other_update_code_is_named(tmp_path):
+    from dataclasses import replace
+
+    from mosaic.profile.main_weights import update_code_digest
+
+    graph = encoders_and_head(num_encoders=2, batch=8)
+    stages = tuple(Stage(placements=(Placement(module=m.name, gpus=(0,)),)) for m in graph.modules)
+    plan = Plan(model="toy", planner="manual", num_gpus=1, stages=stages)
+    path = tmp_path / "p.sqlite"
+    with ProfileDB.create(path, hardware="h200", num_sms=132) as db:
+        store(db, {module_signature(graph.module("enc0")): replace(
+                       _point("enc0", 1.0, 0.6, 0.1), code="0123456789ab"),
+                   module_signature(graph.module("enc1")): replace(
+                       _point("enc1", 1.0, 0.6, 0.1), code=update_code_digest()),
+                   module_signature(graph.module("head")): _point("head", 1.0, 0.6, 0.1)})
+    notes = ProfiledModel(CLUSTER, path, engine=PER_WEIGHT).coverage_notes(plan, graph)
+    assert [n.split(":")[0] for n in notes if "update" in n] == ["enc0"]
+    assert "engine/main_weights.py has changed since" in " ".join(notes)

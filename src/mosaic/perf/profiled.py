@@ -71,7 +71,7 @@ from mosaic.profile.db import (
     module_signature,
     stand_in_kernels,
 )
-from mosaic.profile.main_weights import UpdatePoint, stored_updates
+from mosaic.profile.main_weights import UpdatePoint, stored_updates, update_code_digest
 from mosaic.profile.optimizer import OptimizerFit
 from mosaic.profile.optimizer import stored_fit as stored_optimizer_fit
 
@@ -757,10 +757,18 @@ class ProfiledModel(PerfModel):
         if not per_weight_update(self.engine):
             return []
         placed = dict.fromkeys(p.module for stage in plan.stages for p in stage.placements)
-        return [f"{m}: bf16 update a weight at a time not measured; priced as the flat one "
-                f"(measure it: mosaic profile {graph.name} --preset {graph.preset} --update "
-                "--main-weights-only)"
-                for m in placed if self.update_of(graph.module(m)) is None]
+        fix = (f"(measure it: mosaic profile {graph.name} --preset {graph.preset} --update "
+               "--main-weights-only)")
+        notes = []
+        for m in placed:
+            point = self.update_of(graph.module(m))
+            if point is None:
+                notes.append(f"{m}: bf16 update a weight at a time not measured; priced as the "
+                             f"flat one {fix}")
+            elif point.code and point.code != update_code_digest():
+                notes.append(f"{m}: bf16 update measured with other update code "
+                             f"(engine/main_weights.py has changed since) {fix}")
+        return notes
 
     def _stale_notes(self, plan: Plan, graph: MMGraph) -> list[str]:
         """The plan's modules whose surface the colocations' alone times call stale."""

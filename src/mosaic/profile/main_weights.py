@@ -20,10 +20,12 @@ facts: equal modules, equal weights).
 from __future__ import annotations
 
 import datetime
+import hashlib
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 from mosaic.profile.db import FitRecord, ProfileDB, module_signature
@@ -44,12 +46,25 @@ class UpdatePoint:
     per_weight_s: float
     flat_update_s: float
     gradient_copy_s: float
+    code: str = ""
+    """Digest of the update's code when measured (update_code_digest); "" where not recorded
+    or where there is nothing to update."""
 
     @property
     def per_weight_extra_s(self) -> float:
         """What updating a weight at a time adds to a step over the flat layout (negative: it
         saves), the flat layout paying for its gradient copy too."""
         return self.per_weight_s - self.flat_update_s - self.gradient_copy_s
+
+
+UPDATE_CODE = Path(__file__).parents[1] / "engine" / "main_weights.py"
+"""The engine's bf16 update: a change to it can change what the update costs (capturing the
+fp32 parameters' AdamW with it made Qwen3-VL's per-weight LLM update 5.09 -> 3.31 ms)."""
+
+
+def update_code_digest() -> str:
+    """A digest of the update's source file, read as text (no torch import)."""
+    return hashlib.sha1(UPDATE_CODE.read_bytes()).hexdigest()[:12]
 
 
 def timed_s(fn: Callable[[], Any], device: Any, warm: int = WARM, timed: int = TIMED) -> float:
@@ -156,10 +171,12 @@ def measure_model(name: str, preset: str, device: Any,
     modules = get_model(name).build_modules(preset, torch.device(device), torch.float32,
                                             names=graph.names, seed=0)
     cast_weights_bf16(modules.values())
-    points = {}
+    points, code = {}, update_code_digest()
     for spec in graph.modules:
-        row = measure_module(modules[spec.name]) or NO_BF16_WEIGHTS
-        point = UpdatePoint(model=name, preset=preset, module=spec.name, **row)
+        row = measure_module(modules[spec.name])
+        point = (UpdatePoint(model=name, preset=preset, module=spec.name, code=code, **row)
+                 if row is not None else
+                 UpdatePoint(model=name, preset=preset, module=spec.name, **NO_BF16_WEIGHTS))
         points[module_signature(spec)] = point
         log(f"[{name}] {spec.name}: bf16 update a weight at a time {point.per_weight_s * 1e3:.3f} "
             f"ms, flat {point.flat_update_s * 1e3:.3f} + copy {point.gradient_copy_s * 1e3:.3f} "
