@@ -171,3 +171,30 @@ def test_an_update_measured_with_other_update_code_is_named(tmp_path):
     notes = ProfiledModel(CLUSTER, path, engine=PER_WEIGHT).coverage_notes(plan, graph)
     assert [n.split(":")[0] for n in notes if "update" in n] == ["enc0"]
     assert "engine/main_weights.py has changed since" in " ".join(notes)
+
+
+def test_train_plans_then_takes_the_layout_the_profile_predicts(tmp_path, capsys):
+    """`mosaic train --bf16-weights` without a layout flag: the plan made, then the layout
+    from the profile's measured updates (here every module saves a second a weight at a
+    time), said on rank 0; a layout flag given (choose_layout off) is kept."""
+    import shutil
+    from types import SimpleNamespace
+
+    from mosaic import cli
+    from mosaic.engine.session import EngineConfig
+    from mosaic.profile.db import default_db_path
+    from mosaic.zoo import get_model
+
+    db_path = tmp_path / "p.sqlite"
+    shutil.copy(default_db_path("h200"), db_path)
+    graph = get_model("clip").graph("tiny")
+    with ProfileDB.open(db_path, readonly=False) as db:
+        store(db, {module_signature(spec): _point(spec.name, 1.0, 1001.0, 0.0)
+                   for spec in graph.modules})
+    d = SimpleNamespace(rank=0, device=SimpleNamespace(type="cpu"))
+    engine = EngineConfig(amp=True, bf16_weights=True)
+    args = ("clip", "tiny", None, 1, "h200", None, "profiled", db_path, 0, engine, d)
+    plan, chosen = cli._training_plan(*args, choose_layout=True)
+    assert plan.num_gpus == 1 and chosen.bf16_flat_grads is False
+    assert "bf16 update: a weight at a time" in capsys.readouterr().out
+    assert cli._training_plan(*args)[1] is engine
