@@ -1009,6 +1009,7 @@ def _profile_collectives(models: list[str], db: Path, hardware) -> None:
 
 def _profile_main_weights(models: list[str], preset: str, db: Path, hardware: str,
                           update: bool) -> None:
+    from mosaic.hardware import gpu_spec
     from mosaic.profile.db import ProfileDB
     from mosaic.profile.main_weights import profile_main_weights
 
@@ -1017,8 +1018,6 @@ def _profile_main_weights(models: list[str], preset: str, db: Path, hardware: st
               "(`mosaic profile` makes one first)")
     if not _has_cuda():
         _fail("mosaic profile measures on a CUDA GPU and this machine has none")
-    from mosaic.hardware import gpu_spec
-
     with ProfileDB.open(db, hardware=gpu_spec(str(hardware)).name, readonly=False) as profile_db:
         points = profile_main_weights(profile_db, models, preset, log=typer.echo)
     typer.echo(f"bf16 updates of {len(points)} modules stored in {db}")

@@ -156,9 +156,9 @@ def gpu_engine_kind(gpus: int | None = None) -> str:
 
 
 BF16_WEIGHTS = "bf16-weights"
+"""The engine-kind part of an engine that keeps bf16 GEMM weights and fp32 main weights."""
 PER_WEIGHT_UPDATE = "per-weight-update"
 """With bf16 weights: the update launched a weight at a time, not over a flat gradient buffer."""
-"""The engine-kind part of an engine that keeps bf16 GEMM weights and fp32 main weights."""
 
 
 def engine_kind(engine: dict[str, Any] | None, gpus: int | None = None) -> str:
