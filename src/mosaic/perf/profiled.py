@@ -759,13 +759,13 @@ class ProfiledModel(PerfModel):
         placed = dict.fromkeys(p.module for stage in plan.stages for p in stage.placements)
         fix = (f"(measure it: mosaic profile {graph.name} --preset {graph.preset} --update "
                "--main-weights-only)")
-        notes = []
+        notes, code = [], update_code_digest()  # read once: it hashes a file
         for m in placed:
             point = self.update_of(graph.module(m))
             if point is None:
                 notes.append(f"{m}: bf16 update a weight at a time not measured; priced as the "
                              f"flat one {fix}")
-            elif point.code and point.code != update_code_digest():
+            elif point.code and point.code != code:
                 notes.append(f"{m}: bf16 update measured with other update code "
                              f"(engine/main_weights.py has changed since) {fix}")
         return notes

@@ -158,10 +158,9 @@ def measure_module(module: Any) -> dict[str, float] | None:
             "per_weight_s": per_weight, "flat_update_s": flat, "gradient_copy_s": copy}
 
 
-def measure_model(name: str, preset: str, device: Any,
-                  log: Callable[[str], None] = print) -> dict[str, UpdatePoint]:
-    """Every module of zoo model `name` at `preset`, bf16 weights cast as the engine casts
-    them, by module signature."""
+def cast_zoo_modules(name: str, preset: str, device: Any) -> tuple[Any, dict[str, Any]]:
+    """Zoo model `name`'s graph at `preset` and its modules on `device`, bf16 weights cast as
+    the engine casts them."""
     import torch
 
     from mosaic.engine.main_weights import cast_weights_bf16
@@ -171,6 +170,15 @@ def measure_model(name: str, preset: str, device: Any,
     modules = get_model(name).build_modules(preset, torch.device(device), torch.float32,
                                             names=graph.names, seed=0)
     cast_weights_bf16(modules.values())
+    return graph, modules
+
+
+def measure_model(name: str, preset: str, device: Any,
+                  log: Callable[[str], None] = print) -> dict[str, UpdatePoint]:
+    """Every module of zoo model `name` at `preset`, by module signature."""
+    import torch
+
+    graph, modules = cast_zoo_modules(name, preset, device)
     points, code = {}, update_code_digest()
     for spec in graph.modules:
         row = measure_module(modules[spec.name])
@@ -196,15 +204,7 @@ layouts update nothing, and the model knows it measured nothing to add."""
 def weightless_modules(name: str, preset: str) -> dict[str, UpdatePoint]:
     """Zoo model `name`'s modules without a weight stored in bf16, by signature: built on the
     meta device (no memory, no GPU), since which weights are cast is a fact of the shapes."""
-    import torch
-
-    from mosaic.engine.main_weights import cast_weights_bf16
-    from mosaic.zoo import get_model
-
-    graph = get_model(name).graph(preset)
-    modules = get_model(name).build_modules(preset, torch.device("meta"), torch.float32,
-                                            names=graph.names, seed=0)
-    cast_weights_bf16(modules.values())
+    graph, modules = cast_zoo_modules(name, preset, "meta")
     return {module_signature(spec): UpdatePoint(model=name, preset=preset, module=spec.name,
                                                 **NO_BF16_WEIGHTS)
             for spec in graph.modules if not bf16_params(modules[spec.name])}
