@@ -229,6 +229,7 @@ def fake_cuda(monkeypatch):
     monkeypatch.setattr(green, "_external_stream", lambda handle, d: ("green", handle))
     monkeypatch.setattr(green, "_current_stream", lambda d: "current")
     monkeypatch.setattr(green, "_load_driver", lambda: driver)
+    monkeypatch.setattr(green, "_gemm_error", lambda stream: None)
     return driver
 
 
@@ -284,6 +285,30 @@ def test_a_driver_error_falls_back_to_plain_streams_with_one_warning(fake_cuda, 
     assert pool.stream("m0") == ("plain", 0) and pool.stream("n0") == ("plain", -5)
     assert pool.sm_ranges()["m1"] == (2, 6)  # quotas still recorded for reports
     assert pool.describe()["fallback_reason"] == pool.fallback_reason
+
+
+def test_a_context_that_cannot_run_a_gemm_falls_back_and_names_it(fake_cuda, monkeypatch):
+    checked = []
+
+    def gemm_error(stream):
+        checked.append(stream)
+        return "CUBLAS_STATUS_EXECUTION_FAILED" if len(checked) == 2 else None
+
+    monkeypatch.setattr(green, "_gemm_error", gemm_error)
+    pool = SMPartitionPool.create(mixed_requests(), gpu=H200)
+    assert pool.backend == "plain-streams" and not pool.enforced
+    assert len(checked) == 2 and all(s[0] == "green" for s in checked)  # stopped at the first
+    assert "a bf16 GEMM failed on the green context of SM units [0, 2) (16 SMs, module 'm2')" \
+        in pool.fallback_reason and "CUBLAS_STATUS_EXECUTION_FAILED" in pool.fallback_reason
+    assert pool.stream("m2") == ("plain", 0) and pool.sm_ranges()["m2"] == (0, 2)
+    assert fake_cuda.live  # retired, not destroyed: tensors ran on its streams
+
+
+def test_each_green_context_runs_the_gemms_once(fake_cuda, monkeypatch):
+    checked = []
+    monkeypatch.setattr(green, "_gemm_error", lambda stream: checked.append(stream))
+    pool = SMPartitionPool.create(mixed_requests(), gpu=H200)
+    assert pool.enforced and len(checked) == 4  # five green streams, four distinct ranges
 
 
 def test_a_partition_left_only_the_leftover_falls_back_to_plain_streams(fake_cuda):

@@ -63,6 +63,35 @@ def test_a_small_cap_at_the_tail_runs_cublas_gemms():
     torch.testing.assert_close(got.float(), x.float() @ w.float().T + b.float(), rtol=2e-2, atol=2.0)
 
 
+def test_a_context_of_the_leftover_alone_fails_the_start_up_check(monkeypatch):
+    # The layout never gives a quota the split's leftover alone since 2026-12-03; forced to
+    # here, the pool's own GEMM check must catch it and fall back before any step runs.
+    import torch
+
+    from mosaic.engine import green
+
+    placed = {}
+
+    def leftover_alone(requests, unit_sms, structured_units):
+        placed["units"], placed["structured"] = len(unit_sms), structured_units
+        ranges = green_layout(requests, unit_sms, structured_units)
+        return {**ranges, "small": (len(unit_sms) - 1, len(unit_sms))}
+
+    green_layout = green.layout
+    monkeypatch.setattr(green, "layout", leftover_alone)
+    with SMPartitionPool.create([quota("front", 64, "cap"), quota("small", 8, "cap")]) as pool:
+        if placed["units"] == placed["structured"]:
+            pytest.skip("this GPU's split left no leftover SMs")
+        assert not pool.enforced and pool.backend == "plain-streams"
+        assert "a bf16 GEMM failed on the green context" in pool.fallback_reason
+        assert "module 'small'" in pool.fallback_reason
+        with torch.cuda.stream(pool.stream("small")):  # the failure left the device usable
+            got = torch.ones(256, 256, device="cuda", dtype=torch.bfloat16) @ torch.ones(
+                256, 256, device="cuda", dtype=torch.bfloat16)
+        torch.cuda.synchronize()
+    assert got.float().mean().item() == 256.0
+
+
 def median_matmul_ms(stream, repeats=8):
     import torch
 

@@ -23,7 +23,9 @@ Modes (plan.py): `partition` packs disjoint unit ranges within one stage (`group
 first, stages reuse the same SMs; `cap` packs the same way while the caps fit and overlaps
 once they do not (an upper bound, not a reservation); `free` is a plain torch stream with a
 priority; `temporal` is the caller's current stream. Where green contexts are unavailable, the pool falls back to plain
-streams (quotas recorded, not enforced) and says why, once.
+streams (quotas recorded, not enforced) and says why, once; so it does where a context the
+driver made cannot run cuBLAS's cluster-launched GEMMs, which each context is made to run once
+at start-up (`SELF_CHECK_GEMMS`), rather than a step failing far from the cause.
 """
 
 from __future__ import annotations
@@ -372,6 +374,45 @@ def _make_green(requests: Sequence[StreamRequest], device: int, granularity: int
         raise
 
 
+SELF_CHECK_GEMMS = ((256, 256, 768), (392, 256, 768))
+"""bf16 `F.linear` shapes (rows, in, out) each green context runs once when the pool is made:
+cuBLAS launches them as thread-block clusters on the H200, which is what failed on a context
+the driver cannot co-schedule (the split's leftover alone, 2026-12-03)."""
+
+
+def _failed_gemm(state: _GreenState, streams: dict[str, Any],
+                 ranges: dict[str, tuple[int, int]]) -> str | None:
+    """Why some green context of the pool cannot run cuBLAS's GEMMs, naming it; None when each
+    ran them. Checked at start-up because a context the driver made can still refuse a launch
+    (a GPU whose split this layout does not know), and a step would fail far from the cause."""
+    checked: set[tuple[int, int]] = set()
+    for key, rng in ranges.items():
+        if key not in streams or rng in checked:
+            continue
+        checked.add(rng)
+        if (error := _gemm_error(streams[key])) is not None:
+            return (f"a bf16 GEMM failed on the green context of SM units [{rng[0]}, {rng[1]}) "
+                    f"({state.context_sms.get(rng)} SMs, module {key!r}): {error}")
+    return None
+
+
+def _gemm_error(stream: Any) -> str | None:
+    """Run SELF_CHECK_GEMMS on `stream` and wait; the error's first line, or None. Inputs are
+    constant: the check must not draw from the CUDA generator a seeded run replays."""
+    import torch
+
+    try:
+        with torch.cuda.stream(stream):
+            for rows, width, features in SELF_CHECK_GEMMS:
+                x = torch.ones(rows, width, device=stream.device, dtype=torch.bfloat16)
+                w = torch.ones(features, width, device=stream.device, dtype=torch.bfloat16)
+                torch.nn.functional.linear(x, w)
+        stream.synchronize()
+    except RuntimeError as exc:
+        return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return None
+
+
 # --- the pool -----------------------------------------------------------------------------------
 class SMPartitionPool:
     """Streams for the modules on one GPU, made at start-up; use `create`, then `stream(key)`."""
@@ -428,6 +469,10 @@ class SMPartitionPool:
             try:
                 green, streams, ranges = _make_green(requests, device, granularity, device_sms)
                 units = green.unit_sms
+                if (failed := _failed_gemm(green, streams, ranges)) is not None:
+                    _RETIRED.append(green)  # tensors ran on its streams: retire (see close)
+                    green, streams = None, {}
+                    raise _GreenUnavailable(failed)
             except Exception as exc:  # any failure: run unenforced rather than not at all
                 reason = f"{type(exc).__name__}: {exc}" if not isinstance(
                     exc, _GreenUnavailable) else str(exc)
