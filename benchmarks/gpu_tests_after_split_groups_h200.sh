@@ -2,7 +2,8 @@
 # One H200, one device call (about 6 minutes), results under $1. Twenty-second session
 # (2026-12-03): the GPU tests not run since the split's groups became a GPU fact
 # (GPUSpec.split_groups) and since the bf16 update was profiled per module: the green-context
-# pool's and the main weights' (their profile's measurement included).
+# pool's (with the start-up GEMM check, forced onto the split's leftover alone) and the main
+# weights' (their profile's measurement included).
 set -u
 OUT=${1:?usage: gpu_tests_after_split_groups_h200.sh OUT}
 mkdir -p "$OUT"
