@@ -466,10 +466,18 @@ def _target_row(report: dict[str, Any], path: Path, results: Path, times: int) -
             ms(mosaic["measured_iteration_s"]) if mosaic else "–",
             f"{ms(base['measured_iteration_s'])} ({base['planner']})" if base else "–",
             ms(user["measured_iteration_s"]) if user else "not run",
-            _verdict(_ratio(base, mosaic), SPEEDUP_VS_BASELINE),
+            _verdict(_ratio(base, mosaic), SPEEDUP_VS_BASELINE) + _same_plan(mosaic, base),
             _verdict(_ratio(user, mosaic), SPEEDUP_VS_USER),
             within, _mfu_cell(report, mosaic), _bf16_weights_cell(report, rows.get(BF16_MOSAIC)),
             _autotune_cell(report, rows.get(AUTOTUNE))]
+
+
+def _same_plan(mosaic: dict[str, Any] | None, base: dict[str, Any] | None) -> str:
+    """Said where the planner returned the best baseline's own plan: no schedule of these
+    modules beats that baseline in the model, so 1.000x is the plan space's answer, not noise."""
+    if mosaic and base and mosaic.get("same_plan_as") == base["planner"]:
+        return f" (the planner returned {base['planner']}'s plan)"
+    return ""
 
 
 AUTOTUNE = "autotune"
