@@ -212,6 +212,38 @@ def test_bf16_weights_is_a_variant_of_every_plan_refused_without_autocast_or_ada
                           engine=EngineConfig(amp=False, bf16_weights=True)))
 
 
+def test_a_group_of_bf16_copies_alone_builds_no_shared_fp32_modules(monkeypatch):
+    """`--plans-at-once 1` with a bf16 variant: its group trains its own bf16 copy, so the
+    fp32 modules the other plans share are not built beside it (at Unified-IO 2 `paper` b4
+    the two did not fit on an H200 together, 2026-12-03)."""
+    from mosaic.engine import measure
+    from mosaic.engine.measure import BenchConfig, measure_plans
+    from mosaic.engine.session import EngineConfig
+    from mosaic.hardware import H200
+    from mosaic.zoo import get_model
+    from tests.test_bench import _plans
+
+    built = []
+    real_build = measure.build_modules
+
+    def build_modules(model, preset, names, seed, device):
+        built.append(list(names))
+        return real_build(model, preset, names, seed, device)
+
+    monkeypatch.setattr(measure, "build_modules", build_modules)
+    model = get_model("clip")
+    graph = model.graph("tiny")
+    plan = _plans(graph)["megatron"]
+    config = BenchConfig(rounds=1, steps_per_round=1, warmup_steps=0, nvml_seconds=0,
+                         user_programs=(), engine=EngineConfig(amp=True), plans_at_once=1)
+    engines = {"megatron@bf16_weights=true": replace(config.engine, bf16_weights=True)}
+    measurements, _ = measure_plans(model, "tiny", graph,
+                                    {"megatron": plan, "megatron@bf16_weights=true": plan},
+                                    H200, config, engines)
+    assert built == [sorted(graph.names), [], sorted(graph.names)]  # shared, none, the copy
+    assert all(m.median_s > 0 for m in measurements) and len(measurements) == 2
+
+
 def test_a_step_told_found_inf_changes_nothing_and_the_next_one_steps():
     """The trainer's guard sets `found_inf` on the device: bf16 weights, main weights, moments
     and the step count stay as they were, and fp32 parameters too (torch's fused AdamW)."""

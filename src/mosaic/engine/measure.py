@@ -341,12 +341,17 @@ def _setup(model, preset: str, graph: MMGraph, plans: dict[str, Plan], gpu: GPUS
             raise BenchError(f"plan {label!r} uses {plan.num_gpus} GPUs but {d.world_size} "
                              f"process(es) run: launch `torchrun --standalone --nproc-per-node "
                              f"{plan.num_gpus} -m mosaic bench ...`")
-    # A user program holds the whole model on every rank, as DDP does.
-    shared = [plan for plan in plans.values() if not _reshapes(plan)]
+    shared_bf16 = _shares_bf16_weights(config)
+
+    def own_copy(label: str, plan: Plan) -> bool:
+        return _reshapes(plan) or engines.get(label, config.engine).bf16_weights != shared_bf16
+
+    # A user program holds the whole model on every rank, as DDP does. A group of own copies
+    # alone builds no shared modules: at `paper` they would not fit beside the copies.
+    shared = [plan for label, plan in plans.items() if not own_copy(label, plan)]
     names = graph.names if config.user_programs else local_modules(shared, d.rank)
     modules = build_modules(model, preset, names, config.seed, d.device)
     engine = _on_device(config.engine, d)
-    shared_bf16 = _shares_bf16_weights(config)
     if shared_bf16:
         cast_weights_bf16(modules.values())
     views, compiled = compile_modules(modules, engine.compile, scope=engine.compile_scope)
@@ -356,7 +361,7 @@ def _setup(model, preset: str, graph: MMGraph, plans: dict[str, Plan], gpu: GPUS
         for label, plan in plans.items():
             start = time.perf_counter()
             own_engine = _on_device(engines.get(label, config.engine), d)
-            if _reshapes(plan) or own_engine.bf16_weights != shared_bf16:
+            if own_copy(label, plan):
                 contenders[label] = _own_contender(label, plan, model, preset, graph, d, gpu,
                                                    own_engine, config, compiled, batch)
             else:
