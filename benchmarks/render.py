@@ -424,13 +424,15 @@ def _compiled_one_gpu(report: dict[str, Any]) -> bool:
     return report["gpus"] == 1 and engine.get("compile") not in (None, "none")
 
 
-def _latest_runs(results: Path) -> dict[tuple[str, str, int], tuple[Path, dict[str, Any]]]:
+def _latest_runs(results: Path, having: str | None = None,
+                 ) -> dict[tuple[str, str, int], tuple[Path, dict[str, Any]]]:
     """(model, preset, batch) -> the newest compiled one-GPU result with the user's
     torch.compile program beside it, else the newest without, preferring one that took the
     batch in one step over one that accumulated micro-steps (an experiment on accumulation,
     not the row's configuration); never a superseded one, one
     stopped before it measured every contender (`complete` false), nor one without mosaic's
-    plan (a variant measured on a baseline's plan alone)."""
+    plan (a variant measured on a baseline's plan alone). `having`: only runs that measured
+    that label (BF16_MOSAIC, AUTOTUNE), for a column the newest run may lack."""
     from mosaic.perf.results import superseded
 
     def rank(report: dict[str, Any]) -> tuple[bool, bool, str]:
@@ -442,7 +444,7 @@ def _latest_runs(results: Path) -> dict[tuple[str, str, int], tuple[Path, dict[s
         report = load(path)
         if not _compiled_one_gpu(report) or superseded(path) or not report.get("complete", True):
             continue
-        if "mosaic" not in by_planner(report):
+        if "mosaic" not in by_planner(report) or (having and having not in by_planner(report)):
             continue
         key = (report["model"], report["preset"], report["global_batch"])
         if key not in latest or rank(report) > rank(latest[key][1]):
@@ -454,7 +456,10 @@ def _verdict(value: float | None, target: float) -> str:
     return "–" if value is None else f"{value:.3f}x {'✓' if value >= target else '✗'}"
 
 
-def _target_row(report: dict[str, Any], path: Path, results: Path, times: int) -> list[str]:
+def _target_row(report: dict[str, Any], path: Path, results: Path, times: int,
+                columns: dict[str, tuple[Path, dict[str, Any]] | None]) -> list[str]:
+    """`columns`: per label of the last two columns, the newest run that measured it, where
+    that is not `report` (a later run without bf16 weights keeps an earlier one's cell)."""
     rows = by_planner(report)
     mosaic, base, user = rows.get("mosaic"), best_baseline(report), user_baseline(report)
     plans = [r for name, r in rows.items() if name not in USER_BASELINES and not r.get("engine_variant")]
@@ -468,8 +473,18 @@ def _target_row(report: dict[str, Any], path: Path, results: Path, times: int) -
             ms(user["measured_iteration_s"]) if user else "not run",
             _verdict(_ratio(base, mosaic), SPEEDUP_VS_BASELINE) + _same_plan(mosaic, base),
             _verdict(_ratio(user, mosaic), SPEEDUP_VS_USER),
-            within, _mfu_cell(report, mosaic), _bf16_weights_cell(report, rows.get(BF16_MOSAIC)),
-            _autotune_cell(report, rows.get(AUTOTUNE))]
+            within, _mfu_cell(report, mosaic),
+            _other_run_cell(_bf16_weights_cell, BF16_MOSAIC, report, columns, results),
+            _other_run_cell(_autotune_cell, AUTOTUNE, report, columns, results)]
+
+
+def _other_run_cell(cell, label: str, report: dict[str, Any],
+                    columns: dict[str, tuple[Path, dict[str, Any]] | None], results: Path) -> str:
+    """`cell` of `label` from `report`, else from the newest run that measured it, named."""
+    if label in by_planner(report) or columns.get(label) is None:
+        return cell(report, by_planner(report).get(label))
+    path, other = columns[label]
+    return f"{cell(other, by_planner(other)[label])} ({path.relative_to(results)})"
 
 
 def _same_plan(mosaic: dict[str, Any] | None, base: dict[str, Any] | None) -> str:
@@ -528,6 +543,7 @@ def targets_one_gpu(results: Path, arg: str | None) -> str:
     from mosaic.zoo import get_model
 
     latest = _latest_runs(results)
+    having = {label: _latest_runs(results, label) for label in (BF16_MOSAIC, AUTOTUNE)}
     rows = []
     for model in ONE_GPU_MODELS:
         for preset in ("small", "paper"):
@@ -536,7 +552,9 @@ def targets_one_gpu(results: Path, arg: str | None) -> str:
                 key = (model, preset, times * preset_batch)
                 head = [model, preset, f"{key[2]} ({times}x)"]
                 if key in latest:
-                    rows.append(head + _target_row(latest[key][1], latest[key][0], results, times))
+                    columns = {label: runs.get(key) for label, runs in having.items()}
+                    rows.append(head + _target_row(latest[key][1], latest[key][0], results,
+                                                   times, columns))
                 else:
                     rows.append(head + [_unmeasured(model, preset, key[2])] + ["–"] * 10)
     header = ["model", "preset", "batch", "result", "date", "mosaic, ms",
@@ -546,8 +564,9 @@ def targets_one_gpu(results: Path, arg: str | None) -> str:
               f"mosaic's plan behind the best plan (4x: ≤{PLAN_WITHIN:.0%})",
               f"mosaic MFU (of {PEAK_TFLOPS:.0f} TF/s; `paper` {', '.join(MFU_TARGET_MODELS)}: "
               f"≥{MFU_TARGET:.0%})",
-              "mosaic with bf16 weights (`--engine-variant bf16_weights=true`), same run",
-              "mosaic `--autotune K`, same run"]
+              "mosaic with bf16 weights (`--engine-variant bf16_weights=true`), same run "
+              "(else the newest run with it, named)",
+              "mosaic `--autotune K`, same run (else the newest run with it, named)"]
     return table(header, rows)
 
 
@@ -556,8 +575,10 @@ def measured_summary(results: Path, arg: str | None) -> str:
     """The README's table: every row of the targets table whose run measured the user's
     torch.compile program, and mosaic's plan with bf16 weights where the run measured it too
     (against the baselines' plans with bf16 weights where there are some), and the plan
-    `--autotune` kept where the run autotuned."""
+    `--autotune` kept where the run autotuned (each from the newest run that measured it,
+    with that run's baselines)."""
     latest = _latest_runs(results)
+    having = {label: _latest_runs(results, label) for label in (BF16_MOSAIC, AUTOTUNE)}
     rows = []
     for model in ONE_GPU_MODELS:
         display = _DISPLAY.get(model, model)
@@ -570,16 +591,29 @@ def measured_summary(results: Path, arg: str | None) -> str:
                 name = display if preset == "small" else f"{display} (preset paper)"
                 rows.append(_summary_row(name, report, plans["mosaic"], best_baseline(report),
                                          user))
-                bf16 = plans.get(BF16_MOSAIC)
-                if bf16 is not None:
-                    rows.append(_summary_row(f"{name}, bf16 weights", report, bf16,
-                                             _bf16_baseline(report), user))
-                tuned = plans.get(AUTOTUNE)
-                if tuned is not None and report.get("autotune"):
-                    rows.append(_summary_row(f"{name}, `--autotune`", report, tuned,
-                                             best_baseline(report), user))
+                bf16_run = _run_with(BF16_MOSAIC, report, having[BF16_MOSAIC].get(key))
+                if bf16_run is not None:
+                    rows.append(_summary_row(f"{name}, bf16 weights", bf16_run,
+                                             by_planner(bf16_run)[BF16_MOSAIC],
+                                             _bf16_baseline(bf16_run), user_baseline(bf16_run)))
+                tuned_run = _run_with(AUTOTUNE, report, having[AUTOTUNE].get(key))
+                if tuned_run is not None and tuned_run.get("autotune"):
+                    rows.append(_summary_row(f"{name}, `--autotune`", tuned_run,
+                                             by_planner(tuned_run)[AUTOTUNE],
+                                             best_baseline(tuned_run), user_baseline(tuned_run)))
     return table(["model", "batch", "user's program, torch.compile", "best in-engine baseline",
                   "mosaic", "mosaic vs torch.compile"], rows)
+
+
+def _run_with(label: str, report: dict[str, Any],
+              newest: tuple[Path, dict[str, Any]] | None) -> dict[str, Any] | None:
+    """`report` where it measured `label`, else the newest run that did, if that run measured
+    the user's program too (the README's rows compare with it)."""
+    if label in by_planner(report):
+        return report
+    if newest is None or user_baseline(newest[1]) is None:
+        return None
+    return newest[1]
 
 
 _DISPLAY = {"clip": "CLIP", "imagebind": "ImageBind", "qwen3-vl": "Qwen3-VL",

@@ -184,3 +184,21 @@ def test_a_user_program_compiled_by_blocks_is_no_baseline(tmp_path):
     row = next(line for line in render.targets_one_gpu(tmp_path, None).splitlines()
                if "128 (4x)" in line)
     assert "blocks/bench.json" in row and "| not run |" in row
+
+
+def test_a_newer_run_without_bf16_weights_keeps_the_older_runs_bf16_cell(tmp_path):
+    older = tmp_path / "bf16" / "bench.json"
+    _compiled_run(older, "2026-12-01T00:00:00", 20.0, batch=32)
+    report = json.loads(older.read_text())
+    report["results"] += [plan_row("mosaic@bf16_weights=true", 18.0),
+                          plan_row("megatron@bf16_weights=true", 19.8)]
+    older.write_text(json.dumps(report))
+    _compiled_run(tmp_path / "newer" / "bench.json", "2026-12-02T00:00:00", 20.5, batch=32)
+    row = next(line for line in render.targets_one_gpu(tmp_path, None).splitlines()
+               if "32 (1x)" in line and "| clip | small" in line)
+    assert row.startswith("| clip | small | 32 (1x) | newer/bench.json |")
+    assert "18.00 ms: 1.100x megatron with bf16 weights" in row and "(bf16/bench.json)" in row
+    readme = render.measured_summary(tmp_path, None).splitlines()[2:]
+    assert [line.split(" | ")[:2] for line in readme] == [["| CLIP", "32"],
+                                                           ["| CLIP, bf16 weights", "32"]]
+    assert readme[1].endswith("| 19.80 ms (bf16 weights too) | **18.00 ms** | 1.283x |")
