@@ -152,14 +152,18 @@ def test_targets_table_takes_a_newer_accumulated_run_only_without_a_one_step_one
     assert "micro/bench.json" in row()
 
 
-def test_readme_summary_lists_runs_beside_torch_compile_and_their_bf16_rows(tmp_path):
-    _compiled_run(tmp_path / "new" / "bench.json", "2026-12-01T00:00:00", 21.21)
-    run = tmp_path / "bf16" / "bench.json"
-    _compiled_run(run, "2026-12-01T00:00:00", 20.0, batch=32)
-    report = json.loads(run.read_text())
+def _bf16_run(path, date):
+    """A CLIP `small` b32 run with mosaic's and megatron's plans with bf16 weights too."""
+    _compiled_run(path, date, 20.0, batch=32)
+    report = json.loads(path.read_text())
     report["results"] += [plan_row("mosaic@bf16_weights=true", 18.0),
                           plan_row("megatron@bf16_weights=true", 19.8)]
-    run.write_text(json.dumps(report))
+    path.write_text(json.dumps(report))
+
+
+def test_readme_summary_lists_runs_beside_torch_compile_and_their_bf16_rows(tmp_path):
+    _compiled_run(tmp_path / "new" / "bench.json", "2026-12-01T00:00:00", 21.21)
+    _bf16_run(tmp_path / "bf16" / "bench.json", "2026-12-01T00:00:00")
     lines = render.measured_summary(tmp_path, None).splitlines()[2:]
     assert [line.split(" | ")[:2] for line in lines] == [
         ["| CLIP", "32"], ["| CLIP, bf16 weights", "32"], ["| CLIP", "128"]]
@@ -187,12 +191,7 @@ def test_a_user_program_compiled_by_blocks_is_no_baseline(tmp_path):
 
 
 def test_a_newer_run_without_bf16_weights_keeps_the_older_runs_bf16_cell(tmp_path):
-    older = tmp_path / "bf16" / "bench.json"
-    _compiled_run(older, "2026-12-01T00:00:00", 20.0, batch=32)
-    report = json.loads(older.read_text())
-    report["results"] += [plan_row("mosaic@bf16_weights=true", 18.0),
-                          plan_row("megatron@bf16_weights=true", 19.8)]
-    older.write_text(json.dumps(report))
+    _bf16_run(tmp_path / "bf16" / "bench.json", "2026-12-01T00:00:00")
     _compiled_run(tmp_path / "newer" / "bench.json", "2026-12-02T00:00:00", 20.5, batch=32)
     row = next(line for line in render.targets_one_gpu(tmp_path, None).splitlines()
                if "32 (1x)" in line and "| clip | small" in line)
