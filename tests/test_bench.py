@@ -347,10 +347,16 @@ def test_running_out_of_gpu_memory_names_the_phase_and_the_fix(monkeypatch):
     graph = model.graph("tiny")
     config = BenchConfig(rounds=1, steps_per_round=1, warmup_steps=0, nvml_seconds=0,
                          user_programs=())
-    with pytest.raises(BenchError, match=r"out of GPU memory after 'gradients checked.*"
-                                         r"2 plan\(s\).*--planners mosaic") as caught:
+    with pytest.raises(BenchError, match=r"out of GPU memory \(it tried to allocate 13.04 GiB\) "
+                                         r"after 'gradients checked.*2 plan\(s\).*--planners "
+                                         r"mosaic") as caught:
         measure_plans(model, "tiny", graph, _plans(graph), H200, config)
     assert isinstance(caught.value.__cause__, torch.OutOfMemoryError)
+    alone = {"megatron": _plans(graph)["megatron"]}
+    with pytest.raises(BenchError, match=r"1 plan\(s\).*measured alone already: a smaller "
+                                         r"--batch, or --accumulation N") as caught:
+        measure_plans(model, "tiny", graph, alone, H200, config)
+    assert "--plans-at-once" not in str(caught.value)
 
 
 def overlapped_against_one_optimizer(device: str, graphs: bool, steps: int = 3,

@@ -23,6 +23,7 @@ import dataclasses
 import datetime
 import logging
 import math
+import re
 import sys
 import threading
 import time
@@ -960,7 +961,7 @@ def _measure_group(model, preset: str, graph: MMGraph, plans: dict[str, Plan], g
         progress.say(s, "one traced step and GPU utilisation per plan recorded")
         return results, checks, reference
     except torch.OutOfMemoryError as exc:
-        raise out_of_memory(progress, len(s.contenders)) from exc
+        raise out_of_memory(progress, len(s.contenders), exc) from exc
     finally:
         _close(s.contenders)
         end_distributed(s.dist)
@@ -1038,16 +1039,26 @@ def _peak_and_reset(s: _Setup) -> int | None:
     return peak
 
 
-def out_of_memory(progress: _Progress, contenders: int) -> BenchError:
+def out_of_memory(progress: _Progress, contenders: int,
+                  error: BaseException | None = None) -> BenchError:
     """What to do when the GPU ran out of memory measuring: every plan keeps its own CUDA
     graphs and their memory pool through the interleaved rounds (Unified-IO 2 `paper` with
-    four plans ran out of the H200's 141 GB capturing the fourth)."""
+    four plans ran out of the H200's 141 GB capturing the fourth). Measured alone, a plan
+    that does not fit needs a smaller batch or accumulated micro-batches instead."""
+    asked = ""
+    if error is not None and (tried := re.search(r"Tried to allocate [\d.]+ [KMG]iB", str(error))):
+        asked = f" (it t{tried[0][1:]})"
+    if contenders > 1:
+        fix = ("Measure them in groups (--plans-at-once 1: each plan set up, timed and "
+               "released in turn), or fewer (--planners mosaic; --user-programs \"\"), or a "
+               "smaller --batch")
+    else:
+        fix = ("It was measured alone already: a smaller --batch, or --accumulation N "
+               "(micro-batches of batch/N), or fewer --engine-variant runs of bf16 copies")
     return BenchError(
-        f"out of GPU memory after {progress.last_phase!r}, with {contenders} plan(s) and "
-        "user program(s) measured side by side: each plan keeps its CUDA graphs and their "
-        "memory for the interleaved rounds. Measure them in groups (--plans-at-once 1: each "
-        "plan set up, timed and released in turn), or fewer (--planners mosaic; "
-        "--user-programs \"\"), or a smaller --batch")
+        f"out of GPU memory{asked} after {progress.last_phase!r}, with {contenders} plan(s) "
+        "and user program(s) measured side by side: each plan keeps its CUDA graphs and their "
+        f"memory for the interleaved rounds. {fix}")
 
 
 @dataclass(slots=True)
