@@ -1054,7 +1054,7 @@ def out_of_memory(progress: _Progress, contenders: int,
                "smaller --batch")
     else:
         fix = ("It was measured alone already: a smaller --batch, or --accumulation N "
-               "(micro-batches of batch/N), or fewer --engine-variant runs of bf16 copies")
+               "(micro-batches of batch/N)")
     return BenchError(
         f"out of GPU memory{asked} after {progress.last_phase!r}, with {contenders} plan(s) "
         "and user program(s) measured side by side: each plan keeps its CUDA graphs and their "
