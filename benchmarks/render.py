@@ -424,31 +424,37 @@ def _compiled_one_gpu(report: dict[str, Any]) -> bool:
     return report["gpus"] == 1 and engine.get("compile") not in (None, "none")
 
 
-def _latest_runs(results: Path, having: str | None = None,
-                 ) -> dict[tuple[str, str, int], tuple[Path, dict[str, Any]]]:
+Runs = dict[tuple[str, str, int], tuple[Path, dict[str, Any]]]
+
+
+def _latest_runs(results: Path) -> dict[str | None, Runs]:
     """(model, preset, batch) -> the newest compiled one-GPU result with the user's
     torch.compile program beside it, else the newest without, preferring one that took the
     batch in one step over one that accumulated micro-steps (an experiment on accumulation,
     not the row's configuration); never a superseded one, one
     stopped before it measured every contender (`complete` false), nor one without mosaic's
-    plan (a variant measured on a baseline's plan alone). `having`: only runs that measured
-    that label (BF16_MOSAIC, AUTOTUNE), for a column the newest run may lack."""
+    plan (a variant measured on a baseline's plan alone). Under None every such run; under
+    BF16_MOSAIC and AUTOTUNE only the runs that measured that label, for a column the newest
+    run may lack (one pass over the files for all three)."""
     from mosaic.perf.results import superseded
 
     def rank(report: dict[str, Any]) -> tuple[bool, bool, str]:
         one_step = report.get("engine", {}).get("accumulation", 1) == 1
         return user_baseline(report) is not None, one_step, report["date"]
 
-    latest: dict[tuple[str, str, int], tuple[Path, dict[str, Any]]] = {}
+    latest: dict[str | None, Runs] = {None: {}, BF16_MOSAIC: {}, AUTOTUNE: {}}
     for path in _result_files(results, "."):
         report = load(path)
         if not _compiled_one_gpu(report) or superseded(path) or not report.get("complete", True):
             continue
-        if "mosaic" not in by_planner(report) or (having and having not in by_planner(report)):
+        plans = by_planner(report)
+        if "mosaic" not in plans:
             continue
         key = (report["model"], report["preset"], report["global_batch"])
-        if key not in latest or rank(report) > rank(latest[key][1]):
-            latest[key] = (path, report)
+        for having, runs in latest.items():
+            if (having is None or having in plans) and (
+                    key not in runs or rank(report) > rank(runs[key][1])):
+                runs[key] = (path, report)
     return latest
 
 
@@ -542,8 +548,8 @@ def targets_one_gpu(results: Path, arg: str | None) -> str:
     newest without), against the engine-speed targets; a combination never measured says so."""
     from mosaic.zoo import get_model
 
-    latest = _latest_runs(results)
-    having = {label: _latest_runs(results, label) for label in (BF16_MOSAIC, AUTOTUNE)}
+    having = _latest_runs(results)
+    latest = having[None]
     rows = []
     for model in ONE_GPU_MODELS:
         for preset in ("small", "paper"):
@@ -552,7 +558,7 @@ def targets_one_gpu(results: Path, arg: str | None) -> str:
                 key = (model, preset, times * preset_batch)
                 head = [model, preset, f"{key[2]} ({times}x)"]
                 if key in latest:
-                    columns = {label: runs.get(key) for label, runs in having.items()}
+                    columns = {label: having[label].get(key) for label in (BF16_MOSAIC, AUTOTUNE)}
                     rows.append(head + _target_row(latest[key][1], latest[key][0], results,
                                                    times, columns))
                 else:
@@ -577,8 +583,8 @@ def measured_summary(results: Path, arg: str | None) -> str:
     (against the baselines' plans with bf16 weights where there are some), and the plan
     `--autotune` kept where the run autotuned (each from the newest run that measured it,
     with that run's baselines)."""
-    latest = _latest_runs(results)
-    having = {label: _latest_runs(results, label) for label in (BF16_MOSAIC, AUTOTUNE)}
+    having = _latest_runs(results)
+    latest = having[None]
     rows = []
     for model in ONE_GPU_MODELS:
         display = _DISPLAY.get(model, model)
