@@ -7,6 +7,7 @@ import pytest
 import torch
 from torch import nn
 
+from mosaic.engine import main_weights
 from mosaic.engine.main_weights import MainWeightsAdamW, cast_weights_bf16
 
 STEPS = 5
@@ -85,6 +86,37 @@ def test_one_modules_weights_gradients_and_states_are_updated_in_one_launch_as_o
 def _grads(params, step):
     generator = torch.Generator().manual_seed(step)
     return [torch.randn(p.shape, generator=generator) for p in params]
+
+
+def test_the_per_weight_kernel_is_tuned_on_a_large_update_of_zeros_before_its_first_weight():
+    """Inductor sizes and autotunes a kernel's blocks on its first call, so the one kernel for
+    every weight's length is first called on TUNING_LENGTH zeros, once, leaving the real
+    call's result as the plain update's."""
+    calls = []
+
+    def update(*args):
+        calls.append((args[0].numel(), [t.dtype for t in args[:5]], args[0].abs().sum().item()))
+        main_weights._adamw_update(*args, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.0)
+
+    tuned = main_weights._tuned_on_large_weight(update, 64)
+    scalars = [torch.tensor(v) for v in (1e-3, 1e-3, 0.5, 0.0)]
+
+    def tensors():
+        torch.manual_seed(0)
+        return [torch.rand(8), torch.randn(8).bfloat16(), torch.rand(8), torch.rand(8),
+                torch.empty(8, dtype=torch.bfloat16)]
+
+    expected = tensors()
+    update(*expected, *scalars)
+    calls.clear()
+    got = tensors()
+    tuned(*got, *scalars)
+    tuned(*tensors(), *scalars)
+    layout = [torch.float32, torch.bfloat16, torch.float32, torch.float32, torch.bfloat16]
+    assert [(n, dtypes) for n, dtypes, _ in calls] == [(64, layout), (8, layout), (8, layout)]
+    assert calls[0][2] == 0.0  # zeros: no NaN, nothing of the caller's touched
+    for mine, theirs in zip(got, expected, strict=True):
+        torch.testing.assert_close(mine, theirs, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("weight_decay", [0.0, WEIGHT_DECAY])

@@ -18,8 +18,10 @@ weights: little traffic, many tensors) stay fp32 under torch's fused AdamW.
 
 On CUDA the update is one Inductor kernel, launched once per module: a module's bf16 weights
 lie end to end in one buffer, their gradients in the engine's flat gradient buffer and their
-states in flat buffers laid out alike (a launch per weight streamed 2.1-2.9 TB/s on the H200,
-one over the module 4.0-4.1). That update and fused AdamW's of the fp32 parameters are
+states in flat buffers laid out alike (one launch over the module streamed 4.0-4.1 TB/s on the
+H200). Where the gradients stay where the backward left them, it is launched once per weight
+(one kernel for every length, tuned on a large one: TUNING_LENGTH; 3.8-4.2 TB/s from 1 M
+elements on). That update and fused AdamW's of the fp32 parameters are
 captured as one CUDA graph once the gradients sit at the same addresses a few steps running
 (the engine's backward graphs write them in place): the host launches one graph.
 """
@@ -48,6 +50,12 @@ MAX_GRAPHS = 32
 their gradients at addresses of their own (training keeps one layout). A bench times every
 planner's plan and its variants with the one optimizer: past this many, the later ones would
 update eagerly while timed. A layout is captured only after repeating three steps running."""
+TUNING_LENGTH = 1 << 24
+"""The length the one per-weight update kernel is compiled and autotuned on, before any
+weight. Inductor picks a pointwise kernel's blocks from the length its first call saw, and
+autotunes them on that call: a kernel first called on a 65536-element weight streamed
+3.4 TB/s on the H200 for every larger one, one first called on 16M elements 4.0 TB/s
+(benchmarks/update_size_hint.py)."""
 
 
 def cast_weights_bf16(modules: Iterable[nn.Module],
@@ -184,12 +192,30 @@ def _adamw_update(main: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor,
     weight.copy_(new)
 
 
+def _tuned_on_large_weight(update, length: int):
+    """`update`, compiled and autotuned on a `length`-element update of zeros before its
+    first real call (256 MB for a moment at 16M elements)."""
+    tuned = False
+
+    def first_tuned(*args: Any) -> None:
+        nonlocal tuned
+        if not tuned:
+            tuned = True
+            device = args[0].device
+            fp32 = [torch.zeros(length, device=device) for _ in range(3)]
+            bf16 = [torch.zeros(length, device=device, dtype=torch.bfloat16) for _ in range(2)]
+            update(fp32[0], bf16[0], fp32[1], fp32[2], bf16[1], *args[5:])
+        return update(*args)
+
+    return first_tuned
+
+
 @functools.lru_cache(maxsize=8)
 def _update_fn(device_type: str, beta1: float, beta2: float, eps: float, weight_decay: float,
-               dynamic: bool):
+               dynamic: bool, tuning_length: int | None = TUNING_LENGTH):
     """The update with its constants bound; compiled on CUDA: one kernel for every size
-    (`dynamic`), else one per size (Dynamo's recompile limit bounds the sizes: past it, the
-    update of further sizes runs eagerly, unfused)."""
+    (`dynamic`, tuned on `tuning_length` elements), else one per size (Dynamo's recompile
+    limit bounds the sizes: past it, the update of further sizes runs eagerly, unfused)."""
     update = functools.partial(_adamw_update, beta1=beta1, beta2=beta2, eps=eps,
                                weight_decay=weight_decay)
     if device_type != "cuda":
@@ -198,7 +224,9 @@ def _update_fn(device_type: str, beta1: float, beta2: float, eps: float, weight_
         from mosaic.engine.compile import raise_recompile_limit
 
         raise_recompile_limit()
-    return torch.compile(update, dynamic=dynamic, fullgraph=dynamic)
+        return torch.compile(update, dynamic=False)
+    compiled = torch.compile(update, dynamic=True, fullgraph=True)
+    return compiled if tuning_length is None else _tuned_on_large_weight(compiled, tuning_length)
 
 
 def _adamw_defaults(lr: float, betas: tuple[float, float], eps: float,
@@ -284,8 +312,7 @@ class MainWeightsAdamW(torch.optim.Optimizer):
     def launch_runs(self) -> list[list[nn.Parameter]]:
         """The bf16 weights updated by one launch each: runs whose weights, gradients and
         states each lie side by side (the engine's flat gradient buffer and cast_weights_bf16
-        make one run a module). Measured on the H200, one launch over Qwen3-VL `small`'s
-        0.55 B bf16 weights streams 4.0 TB/s, a launch per weight 2.4-2.9 TB/s."""
+        make one run a module; without the flat buffer, each weight is a run)."""
         with_grad = [p for p in self.bf16 if p.grad is not None]
         runs = []
         for run in _adjacent_runs(with_grad, lambda p: p.data):
