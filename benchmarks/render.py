@@ -1119,6 +1119,23 @@ def busy_fractions(results: Path, arg: str | None) -> str:
                   *(f"b{b}: busy (alone -> two side by side, ms)" for b in batches)], rows)
 
 
+@renderer("update-size-hint")
+def update_size_hint(results: Path, arg: str | None) -> str:
+    """benchmarks/update_size_hint.py's JSON files (results/A[,B]): each case's streaming rate
+    of the per-weight bf16 update by weight length, one row a case and file."""
+    if not arg:
+        raise RenderError("update-size-hint needs its JSON files: render:update-size-hint:A[,B]")
+    reports = [(name, load(results / name)) for name in arg.split(",")]
+    lengths = sorted({int(n) for _, r in reports for c in r["cases"] for n in c["lengths"]})
+    rows = [[Path(name).name, case["case"], f"{case['first_length']:,}",
+             str(case["dynamo_graphs"]),
+             *(f"{case['lengths'][str(n)]['tb_per_s']:.2f}" if str(n) in case["lengths"] else "–"
+               for n in lengths)]
+            for name, report in reports for case in report["cases"]]
+    return table(["file", "case", "first call's length", "Dynamo graphs",
+                  *(f"{n:,} elements, TB/s" for n in lengths)], rows)
+
+
 # --- simulated scaling (benchmarks/scaling_sim.py) --------------------------------------------
 
 SCALING_PLANNERS = (*BASELINES, "mosaic")
