@@ -90,12 +90,14 @@ def _grads(params, step):
 
 def test_the_per_weight_kernel_is_tuned_on_a_large_update_of_zeros_before_its_first_weight():
     """Inductor sizes and autotunes a kernel's blocks on its first call, so the one kernel for
-    every weight's length is first called on TUNING_LENGTH zeros, once, leaving the real
-    call's result as the plain update's."""
-    calls = []
+    every weight's length is first called on TUNING_LENGTH zeros, once, marked with their
+    length as the size hint (Inductor's cache keys on it), leaving the real call's result as
+    the plain update's."""
+    calls, hints = [], []
 
     def update(*args):
         calls.append((args[0].numel(), [t.dtype for t in args[:5]], args[0].abs().sum().item()))
+        hints.append([getattr(t, "_dynamo_hint_overrides", {}).get(0) for t in args[:5]])
         main_weights._adamw_update(*args, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.0)
 
     tuned = main_weights._tuned_on_large_weight(update, 64)
@@ -109,12 +111,15 @@ def test_the_per_weight_kernel_is_tuned_on_a_large_update_of_zeros_before_its_fi
     expected = tensors()
     update(*expected, *scalars)
     calls.clear()
+    hints.clear()
     got = tensors()
     tuned(*got, *scalars)
     tuned(*tensors(), *scalars)
     layout = [torch.float32, torch.bfloat16, torch.float32, torch.float32, torch.bfloat16]
     assert [(n, dtypes) for n, dtypes, _ in calls] == [(64, layout), (8, layout), (8, layout)]
     assert calls[0][2] == 0.0  # zeros: no NaN, nothing of the caller's touched
+    if main_weights._HINTS_SIZES:  # the length keys Inductor's cache; the weights untouched
+        assert hints == [[64] * 5, [None] * 5, [None] * 5]
     for mine, theirs in zip(got, expected, strict=True):
         torch.testing.assert_close(mine, theirs, rtol=0, atol=0)
 

@@ -14,6 +14,7 @@ import pytest
 import torch
 from torch import nn
 
+from mosaic.engine import main_weights
 from mosaic.engine.main_weights import MainWeightsAdamW
 from mosaic.engine.measure import BenchConfig, measure_plans
 from mosaic.engine.session import EngineConfig
@@ -55,6 +56,28 @@ def test_the_captured_compiled_step_updates_as_the_eager_one():
     torch.testing.assert_close(runs["cuda"][0][1], runs["cpu"][0][1], rtol=1e-5, atol=1e-6)
     for weight, main in zip(runs["cuda"][0][::2], runs["cuda"][1], strict=True):
         torch.testing.assert_close(weight, main.to(weight.dtype), rtol=0, atol=0)
+
+
+def test_the_per_weight_kernel_is_one_graph_for_every_length_after_its_tuning_call():
+    """Tuned on a large update of zeros marked with their length as the size hint, the one
+    update kernel then takes weights of other lengths, unmarked, without compiling again, and
+    updates them as the CPU's eager update does."""
+    from torch._dynamo.utils import counters
+
+    before = counters["stats"]["unique_graphs"]
+    update = main_weights._update_fn("cuda", 0.9, 0.999, 1e-8, 0.0, True, 1 << 20)  # its own
+    for n in (1 << 16, 3 << 16, 1 << 18):
+        torch.manual_seed(n)
+        cpu = [torch.rand(n), torch.randn(n).bfloat16(), torch.rand(n), torch.rand(n),
+               torch.empty(n, dtype=torch.bfloat16)]
+        cuda = [t.cuda() for t in cpu]
+        scalars = [torch.tensor(v) for v in (1e-3, 1e-3, 0.5, 0.0)]
+        main_weights._update_fn("cpu", 0.9, 0.999, 1e-8, 0.0, True)(*cpu, *scalars)
+        update(*cuda, *(s.cuda() for s in scalars))
+        for i in (0, 2, 3):  # main weight, both moments
+            torch.testing.assert_close(cuda[i].cpu(), cpu[i], rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(cuda[4], cuda[0].bfloat16(), rtol=0, atol=0)
+    assert counters["stats"]["unique_graphs"] - before == 1
 
 
 def test_a_module_updated_in_one_launch_on_the_gpu_as_on_the_cpu():

@@ -29,6 +29,7 @@ captured as one CUDA graph once the gradients sit at the same addresses a few st
 from __future__ import annotations
 
 import functools
+import inspect
 import warnings
 from collections.abc import Iterable
 from typing import Any
@@ -192,9 +193,15 @@ def _adamw_update(main: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor,
     weight.copy_(new)
 
 
+_HINTS_SIZES = "hint_override" in inspect.signature(torch._dynamo.mark_dynamic).parameters
+
+
 def _tuned_on_large_weight(update, length: int):
     """`update`, compiled and autotuned on a `length`-element update of zeros before its
-    first real call (256 MB for a moment at 16M elements)."""
+    first real call (256 MB for a moment at 16M elements). The zeros are marked with their
+    length as Dynamo's size hint, which Inductor's on-disk cache keys on (it keys a dynamic
+    graph on the symbol, not the length): a graph cached by a compile first called on a
+    small weight, by an earlier mosaic, is not reused."""
     tuned = False
 
     def first_tuned(*args: Any) -> None:
@@ -204,6 +211,9 @@ def _tuned_on_large_weight(update, length: int):
             device = args[0].device
             fp32 = [torch.zeros(length, device=device) for _ in range(3)]
             bf16 = [torch.zeros(length, device=device, dtype=torch.bfloat16) for _ in range(2)]
+            if _HINTS_SIZES:
+                for zeros in (*fp32, *bf16):
+                    torch._dynamo.mark_dynamic(zeros, 0, hint_override=length)
             update(fp32[0], bf16[0], fp32[1], fp32[2], bf16[1], *args[5:])
         return update(*args)
 
