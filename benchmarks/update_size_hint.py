@@ -117,9 +117,9 @@ def main() -> None:
     if args.case:
         print(json.dumps(run_case(args.case)))
         return
-    import inspect
-
     import torch
+
+    from mosaic.engine.main_weights import marks_size_hints
 
     results = []
     for case in args.cases.split(","):
@@ -132,7 +132,7 @@ def main() -> None:
             print(f"{case}: failed\n{done.stderr[-2000:]}")
             continue
         results.append(json.loads(done.stdout.strip().splitlines()[-1]))
-    hint_api = "hint_override" in inspect.signature(torch._dynamo.mark_dynamic).parameters
+    hint_api = marks_size_hints()
     report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
               "mark_dynamic_hint_override": hint_api, "cases": results}
     with open(args.out, "w") as f:

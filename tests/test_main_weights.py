@@ -118,7 +118,7 @@ def test_the_per_weight_kernel_is_tuned_on_a_large_update_of_zeros_before_its_fi
     layout = [torch.float32, torch.bfloat16, torch.float32, torch.float32, torch.bfloat16]
     assert [(n, dtypes) for n, dtypes, _ in calls] == [(64, layout), (8, layout), (8, layout)]
     assert calls[0][2] == 0.0  # zeros: no NaN, nothing of the caller's touched
-    if main_weights._HINTS_SIZES:  # the length keys Inductor's cache; the weights untouched
+    if main_weights.marks_size_hints():  # the length keys Inductor's cache; the weights untouched
         assert hints == [[64] * 5, [None] * 5, [None] * 5]
     for mine, theirs in zip(got, expected, strict=True):
         torch.testing.assert_close(mine, theirs, rtol=0, atol=0)

@@ -193,7 +193,10 @@ def _adamw_update(main: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor,
     weight.copy_(new)
 
 
-_HINTS_SIZES = "hint_override" in inspect.signature(torch._dynamo.mark_dynamic).parameters
+def marks_size_hints() -> bool:
+    """Whether this torch's `mark_dynamic` takes a size hint (`hint_override`). Asked at the
+    first update, not at import: it imports Dynamo."""
+    return "hint_override" in inspect.signature(torch._dynamo.mark_dynamic).parameters
 
 
 def _tuned_on_large_weight(update, length: int):
@@ -211,7 +214,7 @@ def _tuned_on_large_weight(update, length: int):
             device = args[0].device
             fp32 = [torch.zeros(length, device=device) for _ in range(3)]
             bf16 = [torch.zeros(length, device=device, dtype=torch.bfloat16) for _ in range(2)]
-            if _HINTS_SIZES:
+            if marks_size_hints():
                 for zeros in (*fp32, *bf16):
                     torch._dynamo.mark_dynamic(zeros, 0, hint_override=length)
             update(fp32[0], bf16[0], fp32[1], fp32[2], bf16[1], *args[5:])
