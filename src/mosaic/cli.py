@@ -543,7 +543,7 @@ def train(
     if int(os.environ.get("RANK", "0")) == 0:
         if out is not None:
             _write_run_folder(out, resolved, result, model, str(preset), batch, hardware,
-                              str(perf_model), profile_db)
+                              str(perf_model), profile_db, engine, d.device.type)
         if torch_trace is not None:
             from mosaic.report.kernel_time import summarise_trace_dir
 
@@ -565,17 +565,16 @@ def _training_plan(model: str, preset: str, batch: int | None, gpus: int, hardwa
     from mosaic.api import plan_on_rank0
     from mosaic.autotune import autotune_recorded
     from mosaic.hardware import make_cluster
-    from mosaic.perf.engine_term import BF16_WEIGHTS, gpu_engine_kind
     from mosaic.zoo import get_model
 
     graph = get_model(model).graph(preset, global_batch=batch)
     cluster = make_cluster(gpus, hardware)
-    # Accumulating, the plan is searched for one micro-step's batch (what must fit). Predicted
-    # for the GPU engine, as `mosaic plan` predicts (so both make the same plan, on a CPU
-    # too), with bf16 weights where this run keeps them (they save the casts).
-    kind = gpu_engine_kind(gpus) + (f"+{BF16_WEIGHTS}" if engine.bf16_weights else "")
-    perf = load_perf_model(perf_model, cluster, preset, profile_db,
-                           accumulation=engine.accumulation, engine=kind)
+    def perf_for(engine):  # accumulating, a plan is searched for one micro-step's batch
+        return load_perf_model(perf_model, cluster, preset, profile_db,
+                               accumulation=engine.accumulation,
+                               engine=predicted_engine_kind(engine, gpus, d.device.type))
+
+    perf = perf_for(engine)
     if not autotune:
         plan = plan_on_rank0(graph, gpus, d.device, hardware=hardware,
                              planner=planner or "mosaic", perf_model=perf)
@@ -583,12 +582,28 @@ def _training_plan(model: str, preset: str, batch: int | None, gpus: int, hardwa
             engine, why = predicted_update_layout(plan, graph, perf, engine)
             if why and d.rank == 0:
                 typer.echo(why)
+            if why:  # the run's prediction is for the layout it runs
+                plan = plan.with_prediction(perf_for(engine).iteration_time_s(plan, graph),
+                                            plan.perf_model)
         return plan, engine
     tuned, tuned_db = autotune_recorded(get_model(model), preset, graph, cluster, perf,
                                         autotune, engine, cpu=d.device.type == "cpu", skip=skip)
     if d.rank == 0:
         _say_autotuned(tuned, tuned_db)
     return tuned.plan, dataclasses.replace(engine, **tuned.engine_settings)
+
+
+def predicted_engine_kind(engine, gpus: int, device_type: str) -> str:
+    """The engine kind `mosaic train` plans and predicts for: the one it runs (compile scope,
+    bf16 weights and their update layout change the measured surfaces and terms it reads).
+    On a CPU, which has no CUDA graphs and compiles nothing by default, the GPU engine these
+    settings give there, so a CPU and a GPU make the same plan."""
+    from mosaic.perf.engine_term import engine_kind
+
+    record = dataclasses.asdict(engine)
+    if device_type != "cuda":
+        record.update(graphs=True, compile=record["compile"] or "default")
+    return engine_kind(record, gpus)
 
 
 PER_WEIGHT_MARGIN = 0.015
@@ -700,15 +715,18 @@ def _with_job(ctx, config: Path | None, overrides: list[str]) -> dict:
 
 def _write_run_folder(out: Path, resolved: dict, result, model: str, preset: str,
                       batch: int | None, hardware, perf_model: str,
-                      profile_db: Path | None = None) -> None:
-    """The run folder on rank 0 (mosaic.report.run_folder), the prediction beside the run."""
+                      profile_db: Path | None, engine, device_type: str) -> None:
+    """The run folder on rank 0 (mosaic.report.run_folder), the prediction (for the engine
+    that ran) beside the run."""
     from mosaic.hardware import make_cluster
     from mosaic.report.run_folder import write_run_folder
     from mosaic.zoo import get_model
 
     graph = get_model(model).graph(preset, global_batch=batch)
-    perf = load_perf_model(perf_model, make_cluster(result.plan.num_gpus, str(hardware)), preset,
-                           profile_db)
+    gpus = result.plan.num_gpus
+    perf = load_perf_model(perf_model, make_cluster(gpus, str(hardware)), preset, profile_db,
+                           accumulation=engine.accumulation,
+                           engine=predicted_engine_kind(engine, gpus, device_type))
     write_run_folder(out, config={**resolved, "plan": result.plan.to_dict()}, result=result,
                      graph=graph, perf=perf)
 
