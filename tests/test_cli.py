@@ -285,3 +285,24 @@ def test_train_reports_its_compile_time_and_eager_modules(capsys):
     _say_trained(SimpleNamespace(summary={**summary, "compile": {"compiled": {}}}, plan=plan),
                  DataName.synthetic)
     assert "compile:" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("device, predicted, said", [
+    ("cuda:0", 0.0696, "(p90 11.0; model 69.6)"), ("cuda:0", None, "(p90 11.0)"),
+    ("cpu", 0.0696, "(p90 11.0)")])
+def test_train_says_the_models_step_beside_the_measured_one_on_a_gpu(capsys, device, predicted,
+                                                                     said):
+    """The training line shows the model's step where it predicts this device's (a GPU's;
+    on a CPU it predicts the GPU's, no yardstick for the CPU's step)."""
+    from types import SimpleNamespace
+
+    from mosaic.cli import DataName, _say_trained
+    from mosaic.plan import Plan
+
+    summary = {"model": "clip", "preset": "tiny", "planner": "megatron", "num_gpus": 1,
+               "first_loss": 2.0, "final_loss": 1.0, "step_time_median_s": 0.01,
+               "step_time_p90_s": 0.011, "samples_per_s": 800.0, "pool": {},
+               "device": device, "host_launch_share": 0.2, "predicted_iteration_s": predicted}
+    plan = Plan(model="clip", planner="megatron", num_gpus=1, stages=())
+    _say_trained(SimpleNamespace(summary=summary, plan=plan), DataName.synthetic)
+    assert f"step 10.0 ms median {said}, 800.0 samples/s" in capsys.readouterr().out
