@@ -862,7 +862,8 @@ def train_in_flight(results: Path, arg: str | None) -> str:
 @renderer("train-summaries")
 def train_summaries(results: Path, arg: str | None) -> str:
     """Every `mosaic train` summary JSON under results/ARG, one row each: the plan, the bf16
-    update's layout, and the trained steps' median and p90."""
+    update's layout, the trained steps' median and p90, the model's step (the run's
+    `predicted_iteration_s`) and the NaN guard that ran last."""
     if not arg:
         raise RenderError("train-summaries needs a directory under results/")
     rows = []
@@ -870,13 +871,17 @@ def train_summaries(results: Path, arg: str | None) -> str:
         r = load(path)
         layout = ("–" if not r.get("bf16_weights") else
                   "flat" if r.get("bf16_flat_grads", True) else "a weight at a time")
-        rows.append([path.name, r["model"], r["preset"], str(r["global_batch"]),
-                     str(r["num_gpus"]), r["planner"], "bf16" if r.get("bf16_weights") else "fp32",
-                     layout, str(r["steps"]), ms(r["step_time_median_s"]),
-                     ms(r["step_time_p90_s"]), pct(r.get("host_launch_share"), signed=False)])
+        predicted = r.get("predicted_iteration_s")
+        rows.append([str(path.relative_to(results / arg)), r["model"], r["preset"],
+                     str(r["global_batch"]), str(r["num_gpus"]), r["planner"],
+                     "bf16" if r.get("bf16_weights") else "fp32", layout, str(r["steps"]),
+                     ms(r["step_time_median_s"]), ms(r["step_time_p90_s"]),
+                     ms(predicted) if predicted else "–",
+                     pct(predicted / r["step_time_median_s"] - 1) if predicted else "–",
+                     r.get("nan_guard", "–"), pct(r.get("host_launch_share"), signed=False)])
     return table(["file", "model", "preset", "batch", "GPUs", "plan", "weights",
-                  "bf16 update", "steps", "median step, ms", "p90 step, ms",
-                  "host launch / step"], rows)
+                  "bf16 update", "steps", "median step, ms", "p90 step, ms", "model, ms",
+                  "model vs median", "NaN guard", "host launch / step"], rows)
 
 
 @renderer("guard-host-cost")
