@@ -103,7 +103,8 @@ ERROR_CASES = {
 
 
 def _worker(rank: int, world: int, ports: tuple[int, int], cases: dict, out_dir: str,
-            device: str = "cpu", graphs: bool = False, grad_sync: str = "ddp") -> None:
+            device: str = "cpu", graphs: bool = False, grad_sync: str = "ddp",
+            clip_grad_norm: float | None = None) -> None:
     """One process of `world`: trains every case, saves its modules (or its error)."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(ports[0]), RANK=str(rank),
                       WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
@@ -122,7 +123,7 @@ def _worker(rank: int, world: int, ports: tuple[int, int], cases: dict, out_dir:
         source = {"plan": Plan.from_dict(plan)} if plan else {"plan_path": str(where / "none.json")}
         engine = EngineConfig(graphs=graphs, amp=False, grad_sync=grad_sync)
         config = TrainConfig(device=device, model=toy, steps=STEPS, warmup_steps=int(graphs),
-                             lr=LR, optimizer="sgd", engine=engine,
+                             lr=LR, optimizer="sgd", engine=engine, clip_grad_norm=clip_grad_norm,
                              metrics_path=str(where / "metrics.jsonl"), **source)
         model = ToyModel(toy)
         try:
@@ -147,9 +148,10 @@ def _free_ports() -> tuple[int, int]:
 
 
 def run_workers(world: int, cases: dict, tmp_path: Path, device: str = "cpu",
-                graphs: bool = False, grad_sync: str = "ddp") -> None:
-    start_workers(_worker, (world, _free_ports(), cases, str(tmp_path), device, graphs, grad_sync),
-                  nprocs=world, device=device)
+                graphs: bool = False, grad_sync: str = "ddp",
+                clip_grad_norm: float | None = None) -> None:
+    start_workers(_worker, (world, _free_ports(), cases, str(tmp_path), device, graphs, grad_sync,
+                            clip_grad_norm), nprocs=world, device=device)
 
 
 def check_case(tmp_path: Path, name: str, toy: str, plan: dict, world: int,
@@ -197,6 +199,24 @@ def test_two_processes_with_hand_written_all_reduce_equal_one(tmp_path, referenc
     run_workers(2, cases, tmp_path, grad_sync=grad_sync)
     for name, (toy, plan) in cases.items():
         check_case(tmp_path, name, toy, plan, 2, references[toy])
+
+
+@pytest.mark.parametrize("grad_sync", ["ddp", "flat"])
+def test_two_processes_clip_the_global_norm_as_one_does(tmp_path, grad_sync):
+    """--clip-grad-norm over 2 processes: each module's gradients counted once in the global
+    norm (data-parallel replicas hold copies; a module on one rank only there), so every plan
+    trains as one process clipping all its parameters does, and every rank logs that norm."""
+    clip = 0.05
+    norms = {toy: [] for toy in ("toyclip", "toyvlm")}
+    want = {toy: reference_state(ToyModel(toy), "tiny", STEPS, LR, clip_grad_norm=clip,
+                                 norms=norms[toy]) for toy in norms}
+    assert min(min(n) for n in norms.values()) > clip  # it clips at every step
+    cases = cases_2()
+    run_workers(2, cases, tmp_path, grad_sync=grad_sync, clip_grad_norm=clip)
+    for name, (toy, plan) in cases.items():
+        check_case(tmp_path, name, toy, plan, 2, want[toy])
+        rows = [json.loads(r) for r in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+        assert [r["grad_norm"] for r in rows] == pytest.approx(norms[toy], rel=1e-4), name
 
 
 def test_four_processes_equal_one(tmp_path, references):

@@ -420,6 +420,11 @@ def train(
                                                  callback=_out_file("--metrics"))] = None,
     graphs: Annotated[bool, typer.Option(help="per-module CUDA graphs (GPU; off on a CPU)")] = True,
     lr: Annotated[float, typer.Option(help="AdamW learning rate")] = 1e-4,
+    clip_grad_norm: Annotated[float | None, typer.Option(
+        "--clip-grad-norm", min=0.0, metavar="MAX_NORM",
+        help="scale the gradients so that their global norm (every module and GPU) is at most "
+             "MAX_NORM before each update, as torch's clip_grad_norm_ (metrics: grad_norm); "
+             "default: no clipping")] = None,
     seed: Annotated[int, typer.Option(help="seed of weights and synthetic data")] = 0,
     data: Annotated[DataName, typer.Option(help="synthetic inputs, or digits: scikit-learn's "
                                            "handwritten digits, captioned (clip; prints the "
@@ -534,7 +539,7 @@ def train(
                                 lr=lr, seed=seed, global_batch=batch, hardware=hardware,
                                 checkpoint=ckpt, resume=resume, timeout_s=timeout_s,
                                 skip_nonfinite=skip_nonfinite, read_each_step=read_each_step,
-                                data=str(data),
+                                data=str(data), clip_grad_norm=clip_grad_norm,
                                 tensorboard_dir=str(tensorboard) if tensorboard else None,
                                 torch_trace_dir=str(torch_trace) if torch_trace else None)
     finally:

@@ -39,6 +39,7 @@ FIELDS: dict[str, tuple[str, type]] = {
     "model": ("model", str),
     "train.steps": ("steps", int), "train.lr": ("lr", float), "train.seed": ("seed", int),
     "train.batch": ("batch", int), "train.preset": ("preset", str), "train.data": ("data", str),
+    "train.clip_grad_norm": ("clip_grad_norm", float),
     "plan.planner": ("planner", str), "plan.gpus": ("gpus", int), "plan.file": ("plan_file", Path),
     "plan.hardware": ("hardware", str), "plan.perf_model": ("perf_model", str),
     "plan.profile_db": ("profile_db", Path),

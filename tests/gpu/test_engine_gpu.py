@@ -170,3 +170,33 @@ def test_a_nan_in_a_flat_gradient_buffer_is_skipped_by_the_captured_update(monke
         clean, skipped = _clean_and_skipped(monkeypatch, 6, engine, "small")
     assert [("skipped" in r) for r in skipped.steps] == [False] * 6 + [True]
     assert_state_close(state_of(skipped.modules), state_of(clean.modules))
+
+
+@pytest.mark.parametrize("graphs", [False, True])
+def test_clipped_gradients_on_the_gpu_train_as_torchs_clip_grad_norm(graphs):
+    """--clip-grad-norm on the GPU: the norm from each module's gradients (the backward
+    graphs' flat buffers with graphs), the scale applied on the device before the update,
+    float32 (autocast off) against the CPU loop clipping all its parameters."""
+    from mosaic.engine.trainer import TrainConfig, train
+
+    model, clip, steps = ToyModel("toyvlm"), 0.05, 4
+    plan = one_gpu_plans(model.graph("tiny"))["free"]
+    result = train(TrainConfig(device="cuda", model="toyvlm", plan=plan, steps=steps,
+                               warmup_steps=1, lr=LR, optimizer="sgd", clip_grad_norm=clip,
+                               engine=EngineConfig(graphs=graphs, amp=False)), model=model)
+    norms: list[float] = []
+    want = reference_state(model, "tiny", steps, LR, clip_grad_norm=clip, norms=norms)
+    assert min(norms) > clip
+    assert_state_close(state_of(result.modules), want, rtol=1e-3, atol=1e-4)
+    assert [s["grad_norm"] for s in result.steps] == pytest.approx(norms, rel=1e-3)
+
+
+def test_nccl_processes_clip_the_global_norm_as_one_process_does(tmp_path):
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs 2 GPUs")
+    clip = 0.05
+    cases = cases_2()
+    run_workers(2, cases, tmp_path, device="cuda", graphs=True, clip_grad_norm=clip)
+    for name, (toy, plan) in cases.items():
+        reference = reference_state(ToyModel(toy), "tiny", STEPS, LR, clip_grad_norm=clip)
+        check_case(tmp_path, name, toy, plan, 2, reference, rtol=1e-3, atol=1e-4)

@@ -336,7 +336,7 @@ class PlanRunner:
 
     def gradients(self, m: str) -> list[torch.Tensor]:
         """Module m's gradients after a step, in as few tensors as hold them all (for a check
-        of every element; read, not written): its flat buffers where the gradients are known
+        of every element, or scaling every one in place): its flat buffers where the gradients are known
         to be their views (its backward graph, or the flat all-reduce's repair, put them
         there), else each parameter's (a TP or FSDP shard's local part). Walking the
         module's tree for its parameters every step was the largest host cost of a graphed

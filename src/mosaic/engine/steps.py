@@ -41,9 +41,11 @@ class StepInFlight:
     health: torch.Tensor
     """On the host once `end` has passed: [loss summed over ranks, ranks asked to stop, loss
     not finite, then per module of `modules` 1.0 when some gradient of it is NaN/inf on some
-    rank] (indices LOSS, STOP, BAD_LOSS, then the modules')."""
+    rank, then, when gradients are clipped, per module its share of the squared global
+    gradient norm] (indices LOSS, STOP, BAD_LOSS, then the modules')."""
     modules: list[str]
     output: StepOutput
+    clipped: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +59,8 @@ class StepResult:
     stop_requested: bool = False
     """Some rank had been asked to stop (SIGTERM) when it launched this step: every rank
     reads the same sum, so all stop after the same step."""
+    grad_norm: float | None = None
+    """The global gradient norm before clipping, when gradients are clipped."""
 
 
 LOSS, STOP, BAD_LOSS = 0, 1, 2
@@ -112,20 +116,41 @@ class GuardChoice:
         return False
 
 
+@dataclass(frozen=True, slots=True)
+class GradClip:
+    """Clip the global gradient norm (over every module and rank) to `max_norm`, as
+    torch.nn.utils.clip_grad_norm_ does over one model's parameters. `copies`: per module,
+    the ranks that hold an identical copy of its gradients (its data-parallel replicas), so
+    that summing each rank's squared norm over ranks counts every gradient once."""
+
+    max_norm: float
+    copies: dict[str, int]
+
+
 def step_health(output: StepOutput, gradients: Callable[[str], list[torch.Tensor]],
                 names: list[str], world_size: int, guard: str = "norms",
-                stop_requested: bool = False) -> torch.Tensor:
+                stop_requested: bool = False, clip: GradClip | None = None) -> torch.Tensor:
     """[loss summed over ranks, ranks asked to stop, loss not finite, per name: some gradient
-    not finite], on the device, summed over ranks there (a module may live on one rank; every
-    rank must agree). The stop flag rides along: no collective of its own."""
+    not finite, and with `clip` per name its share of the squared global norm], on the
+    device, summed over ranks there (a module may live on one rank; every rank must agree).
+    The stop flag rides along: no collective of its own. With `clip` the norms it needs are
+    the guard (one pass over the gradients serves both)."""
     loss = output.loss.detach().float().reshape(())
     stop = torch.full((), float(stop_requested), device=loss.device)
     parts = [loss, stop, (~torch.isfinite(loss)).float()]
+    shares = []
     for name in names:  # a shard's local gradients: the flags are summed over ranks anyway
         grads = gradients(name)
-        parts.append(_not_finite(grads, guard) if grads
-                     else torch.zeros((), device=loss.device))
-    health = torch.stack([p.to(loss.device) for p in parts])
+        if not grads:
+            parts.append(torch.zeros((), device=loss.device))
+            shares.append(torch.zeros((), device=loss.device))
+        elif clip is None:
+            parts.append(_not_finite(grads, guard))
+        else:
+            squared = torch.stack(torch._foreach_norm(grads, 2, dtype=torch.float32)).square().sum()
+            parts.append((~torch.isfinite(squared)).float())
+            shares.append(squared / clip.copies.get(name, 1))
+    health = torch.stack([p.to(loss.device) for p in parts + (shares if clip else [])])
     if world_size > 1:
         dist.all_reduce(health)
     return health
@@ -160,12 +185,14 @@ def _some_element_not_finite(grads: list[torch.Tensor]) -> torch.Tensor:
 
 def launch_step(session: Any, optimizer: torch.optim.Optimizer | None, rows: list[dict],
                 timer: Timer, step: int, poison: Any = None, guard: str = "norms",
-                stop_requested: bool = False) -> tuple[StepInFlight, list[str] | None]:
+                stop_requested: bool = False,
+                clip: GradClip | None = None) -> tuple[StepInFlight, list[str] | None]:
     """Upload `rows`, run forward and backward, compute the step's health and launch the
     optimizer (told to skip on the device when the health is bad). Returns the step and, when
     the optimizer cannot skip on the device, what the host found not finite (the update was
     then not launched when there was any); None when the host has not looked yet.
-    `stop_requested`: this rank was asked to stop (summed into the health with the others')."""
+    `stop_requested`: this rank was asked to stop (summed into the health with the others').
+    `clip`: the gradients are scaled to the global norm's bound before the update."""
     start = timer.mark()
     data = session.to_device(rows)
     if optimizer is not None:
@@ -175,10 +202,12 @@ def launch_step(session: Any, optimizer: torch.optim.Optimizer | None, rows: lis
         poison(session)
     names = sorted({p.module for s in session.plan.stages for p in s.placements})
     health = step_health(output, session.gradients, names, session.comm.world_size, guard,
-                         stop_requested)
+                         stop_requested, clip)
+    if clip is not None:
+        _clip_gradients(session, names, health, clip.max_norm)
     checked = None
     if skips_on_device(optimizer):
-        optimizer.found_inf = (health[BAD_LOSS:].sum() > 0).float()
+        optimizer.found_inf = (health[BAD_LOSS:BAD_LOSS + 1 + len(names)].sum() > 0).float()
         optimizer.step()
     else:
         checked = read_bad(health.tolist(), names)
@@ -186,7 +215,18 @@ def launch_step(session: Any, optimizer: torch.optim.Optimizer | None, rows: lis
             optimizer.step()
     on_host = health.to("cpu", non_blocking=True) if health.is_cuda else health.clone()
     return StepInFlight(step=step, start=start, end=timer.mark(), health=on_host,
-                        modules=names, output=output), checked
+                        modules=names, output=output, clipped=clip is not None), checked
+
+
+def _clip_gradients(session: Any, names: list[str], health: torch.Tensor,
+                    max_norm: float) -> None:
+    """Scale every gradient by min(1, max_norm / global norm), on the device (the norm never
+    goes to the host). A non-finite norm makes the scale NaN: the guard skips that update."""
+    norm = health[BAD_LOSS + 1 + len(names):].sum().sqrt()
+    scale = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
+    for name in names:
+        if grads := session.gradients(name):
+            torch._foreach_mul_(grads, scale)
 
 
 def finish_step(flight: StepInFlight, timer: Timer, since: Mark | None = None) -> StepResult:
@@ -195,13 +235,15 @@ def finish_step(flight: StepInFlight, timer: Timer, since: Mark | None = None) -
     counts in this step, as it counts in the run's wall-clock; else the step's own start."""
     seconds = timer.seconds(since or flight.start, flight.end)
     values = flight.health.tolist()
+    shares = values[BAD_LOSS + 1 + len(flight.modules):]
     return StepResult(step=flight.step, loss=values[LOSS], seconds=seconds,
                       bad=read_bad(values, flight.modules), output=flight.output,
-                      stop_requested=values[STOP] > 0)
+                      stop_requested=values[STOP] > 0,
+                      grad_norm=math.sqrt(sum(shares)) if flight.clipped else None)
 
 
 def read_bad(values: list[float], names: list[str]) -> list[str]:
     """The names of what a health vector (see StepInFlight.health) says was not finite."""
     bad = ["loss"] if values[BAD_LOSS] or not math.isfinite(values[LOSS]) else []
-    flags = values[BAD_LOSS + 1:]
+    flags = values[BAD_LOSS + 1:BAD_LOSS + 1 + len(names)]
     return bad + [f"gradient of module {n!r}" for n, f in zip(names, flags, strict=True) if f]

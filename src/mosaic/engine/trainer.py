@@ -58,7 +58,7 @@ from mosaic.engine.session import (
     start_distributed,
 )
 from mosaic.engine.signals import handling_sigterm, restore_default_sigterm
-from mosaic.engine.steps import GuardChoice, StepInFlight, finish_step, launch_step
+from mosaic.engine.steps import GradClip, GuardChoice, StepInFlight, finish_step, launch_step
 from mosaic.engine.tensor_parallel import local_tensor
 from mosaic.engine.timer import Mark, Timer
 from mosaic.errors import MosaicError
@@ -135,6 +135,10 @@ class TrainConfig:
     long (when this process starts the process group). None: torch's default."""
     skip_nonfinite: bool = False
     """On a NaN/inf loss or gradient, skip that step's update (logged) instead of stopping."""
+    clip_grad_norm: float | None = None
+    """Scale the gradients so that their global norm (every module, every rank) is at most
+    this, before each update, as torch.nn.utils.clip_grad_norm_ does; the norm before clipping
+    is each step's `grad_norm`. The NaN guard then reads the same norms. None: no clipping."""
     read_each_step: bool = False
     """Wait for each step before launching the next, instead of reading it while the next runs
     (engine/steps.py): every error then surfaces at its own step. For debugging, and to
@@ -167,6 +171,8 @@ class TrainConfig:
             raise TrainError(f"warmup_steps={self.warmup_steps} must be in [0, steps={self.steps})")
         if self.engine.graphs and self.warmup_steps < 1:
             raise TrainError("graphs=True runs the first step eagerly to capture: set warmup_steps >= 1")
+        if self.clip_grad_norm is not None and not self.clip_grad_norm > 0:
+            raise TrainError(f"clip_grad_norm={self.clip_grad_norm} must be > 0 (--clip-grad-norm)")
         if self.optimizer not in OPTIMIZERS:
             raise TrainError(f"optimizer={self.optimizer!r}; use one of {sorted(OPTIMIZERS)}")
         if self.engine.optimizer_overlap:
@@ -274,7 +280,9 @@ def train(config: TrainConfig, model: TrainableModel | None = None) -> TrainResu
                     board.add_scalar(f"eval/{key}", value, config.steps)
         summary = _summary(config, graph, session, steps, d, setup_s)
         summary["compile"] = compiled.to_dict()
-        summary["nan_guard"] = guard
+        # Clipping computes every gradient's norm: the guard reads those, whatever it chose.
+        summary["nan_guard"] = "clip norms" if config.clip_grad_norm else guard
+        summary["clip_grad_norm"] = config.clip_grad_norm
         if stopped is not None:
             summary["stopped"] = stopped
         if evaluation is not None:
@@ -491,6 +499,8 @@ def _board_scalars(board: Any, row: dict[str, Any]) -> None:
     board.add_scalar("train/step_time_ms", 1e3 * row["step_time_s"], row["step"])
     if row.get("samples_per_s") is not None:
         board.add_scalar("train/samples_per_s", row["samples_per_s"], row["step"])
+    if row.get("grad_norm") is not None:
+        board.add_scalar("train/grad_norm", row["grad_norm"], row["step"])
 
 
 def _loop(config: TrainConfig, model: TrainableModel, graph: MMGraph, session: RankSession,
@@ -635,13 +645,14 @@ class _StepPipeline:
         self.last_end: Mark | None = None
         self.guard = GuardChoice()
         self.launch_s: dict[int, float] = {}
+        self.clip = gradient_clip(config, session)
 
     def launch(self, step: int, rows: list[dict[str, Any]]) -> None:
         poison = (_poison_gradient if self.fault is not None and self.fault.action == "nan"
                   and self.fault.due(self.d.rank, step) else None)
         started = time.perf_counter()
         flight, checked = launch_step(self.session, self.optimizer, rows, self.timer, step,
-                                      poison, self.guard.guard, self.stop.requested)
+                                      poison, self.guard.guard, self.stop.requested, self.clip)
         self.launch_s[step] = time.perf_counter() - started
         before, self.pending = self.pending, (flight, self.last_end)
         self.last_end = flight.end
@@ -675,6 +686,8 @@ class _StepPipeline:
         row = _step_metrics(done.step, self.config, self.graph, self.d, done.loss, done.seconds)
         # This rank's host time to launch the step: near step_time_s, the host bounds it.
         row["launch_s"] = launch_s
+        if done.grad_norm is not None:
+            row["grad_norm"] = done.grad_norm  # before clipping, as torch's clip_grad_norm_ returns
         if done.bad:
             self._judge(done.step, done.bad)
             row["skipped"] = ", ".join(done.bad)
@@ -687,6 +700,24 @@ class _StepPipeline:
         if self.d.rank == 0:
             print(f"mosaic: warning: step {step}: non-finite {', '.join(bad)}; its update was "
                   "skipped (--skip-nonfinite)", file=sys.stderr, flush=True)
+
+
+def gradient_clip(config: TrainConfig, session: RankSession) -> GradClip | None:
+    """What clip_grad_norm asks for on this rank's modules: each module's data-parallel
+    replicas hold one gradient each. Sharded and tensor-parallel modules hold parts of theirs
+    (and copies of some): their share of the norm is not counted yet, so they are refused."""
+    if config.clip_grad_norm is None:
+        return None
+    plan = session.plan
+    split = sorted(m for m in session.runner.local
+                   if plan.placement(m).tensor_parallel > 1 or m in session.runner.sharded)
+    if split:
+        raise TrainError(f"clip_grad_norm (--clip-grad-norm) with sharded or tensor-parallel "
+                         f"modules {split} is not supported yet: train without it, or with a "
+                         "plan whose placements of them replicate them (shard false, "
+                         "tensor_parallel 1)")
+    return GradClip(max_norm=config.clip_grad_norm,
+                    copies={m: plan.placement(m).dp_degree for m in session.runner.local})
 
 
 def _poison_gradient(session: RankSession) -> None:
@@ -904,7 +935,8 @@ def train_from_cli(model: str, preset: str = "tiny", plan_path: str | None = Non
                    timeout_s: float | None = 600.0, skip_nonfinite: bool = False,
                    read_each_step: bool = False, data: str = "synthetic",
                    tensorboard_dir: str | None = None,
-                   torch_trace_dir: str | None = None) -> TrainResult:
+                   torch_trace_dir: str | None = None,
+                   clip_grad_norm: float | None = None) -> TrainResult:
     """`mosaic train`: checks that the process count matches --gpus (torchrun or not)."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if gpus is not None and gpus != world:
@@ -918,5 +950,6 @@ def train_from_cli(model: str, preset: str = "tiny", plan_path: str | None = Non
                          metrics_path=metrics, hardware=hardware, checkpoint=checkpoint,
                          resume=resume, timeout_s=timeout_s, skip_nonfinite=skip_nonfinite,
                          read_each_step=read_each_step, data=data,
-                         tensorboard_dir=tensorboard_dir, torch_trace_dir=torch_trace_dir)
+                         tensorboard_dir=tensorboard_dir, torch_trace_dir=torch_trace_dir,
+                         clip_grad_norm=clip_grad_norm)
     return train(config)
