@@ -316,28 +316,6 @@ def test_clipped_accumulated_micro_steps_train_as_the_whole_batch_clipped():
     assert [s["grad_norm"] for s in result.steps] == pytest.approx(norms, rel=1e-4)
 
 
-def test_clipping_refuses_sharded_and_tensor_parallel_modules_and_counts_replicas():
-    """A shard holds part of a module's gradients (and FSDP copies of its scalars), a
-    tensor-parallel rank part of some and copies of others: not counted yet, so refused by
-    name; a replicated module's copies are counted once."""
-    from types import SimpleNamespace
-
-    from mosaic.engine.trainer import gradient_clip
-
-    plan = Plan(model="toyclip", planner="manual", num_gpus=2, stages=(
-        Stage(placements=(Placement(module="vision", gpus=(0, 1), shard=True),
-                          Placement(module="text", gpus=(0, 1)))),
-        Stage(placements=(Placement(module="head", gpus=(1,)),))))
-    config = TrainConfig(device="cpu", model="toyclip", plan=plan, clip_grad_norm=1.0)
-    session = SimpleNamespace(plan=plan, runner=SimpleNamespace(
-        local=["vision", "text", "head"], sharded={"vision"}))
-    with pytest.raises(TrainError, match=r"modules \['vision'\] is not supported yet"):
-        gradient_clip(config, session)
-    session.runner = SimpleNamespace(local=["text", "head"], sharded=set())
-    assert gradient_clip(config, session).copies == {"text": 2, "head": 1}
-    assert gradient_clip(replace(config, clip_grad_norm=None), session) is None
-
-
 def test_clipping_refuses_a_nonpositive_bound():
     plan = one_gpu_plans(ToyModel("toyclip").graph("tiny"))["temporal"]
     with pytest.raises(TrainError, match="clip_grad_norm=0.0 must be > 0"):

@@ -557,6 +557,29 @@ def test_accumulated_bf16_weight_gradients_train_as_the_whole_batch(monkeypatch)
                                    [s["loss"] for s in runs[1].steps], rtol=2e-2, atol=0)
 
 
+def test_clipping_bf16_weight_gradients_scales_what_main_weights_adamw_reads(monkeypatch):
+    """toyvlm on the CPU with bf16 weights: clipping at a bound above every norm leaves the
+    run bit-identical to no clipping (its scale is exactly 1), one below every norm changes
+    it, and either logs the same first norm (taken before clipping, from bf16 gradients)."""
+    from mosaic.engine.session import EngineConfig
+    from mosaic.engine.trainer import TrainConfig, train
+    from tests.test_engine import ToyModel, one_gpu_plans, state_of
+
+    monkeypatch.setattr(main_weights, "MIN_ELEMENTS", 1)  # the toy's weights are small
+    model = ToyModel("toyvlm")
+    common = dict(device="cpu", model="toyvlm", steps=3, warmup_steps=0, lr=1e-2,
+                  progress=False, plan=one_gpu_plans(model.graph("tiny"))["free"],
+                  engine=EngineConfig(bf16_weights=True))
+    runs = {clip: train(TrainConfig(clip_grad_norm=clip, **common), model=model)
+            for clip in (None, 1e9, 1e-3)}
+    norms = {clip: [s.get("grad_norm") for s in run.steps] for clip, run in runs.items()}
+    assert norms[None] == [None] * 3 and min(norms[1e9]) > 1e-3
+    assert norms[1e-3][0] == norms[1e9][0]
+    plain, loose, tight = (state_of(runs[c].modules) for c in (None, 1e9, 1e-3))
+    assert all(torch.equal(loose[k], plain[k]) for k in plain)
+    assert any(not torch.equal(tight[k], plain[k]) for k in plain)
+
+
 @pytest.mark.parametrize("variants", [[], [{"bf16_weights": True}]])
 def test_a_cpu_bench_of_bf16_weights_runs_everything_under_autocast(monkeypatch, variants):
     """On the CPU autocast is off by default; a bf16-weight variant runs under it, so the

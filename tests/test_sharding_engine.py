@@ -166,7 +166,8 @@ def _train(case: dict, out: Path, rank: int, device: str) -> None:
                          warmup_steps=int(engine.graphs), lr=case.get("lr", LR),
                          optimizer=case.get("optimizer", "sgd"), device=device, progress=False,
                          engine=engine, checkpoint=checkpoint, resume=case.get("resume", False),
-                         skip_nonfinite=case.get("skip_nonfinite", False))
+                         skip_nonfinite=case.get("skip_nonfinite", False),
+                         clip_grad_norm=case.get("clip_grad_norm"))
     os.environ.pop("MOSAIC_FAULT", None)
     if "fault" in case:
         os.environ["MOSAIC_FAULT"] = case["fault"]
@@ -183,6 +184,8 @@ def _train(case: dict, out: Path, rank: int, device: str) -> None:
     (out / f"sharded{rank}.json").write_text(json.dumps(sharded))
     (out / f"compile{rank}.json").write_text(json.dumps(result.summary["compile"]))
     (out / f"losses{rank}.json").write_text(json.dumps([s["loss"] for s in result.steps]))
+    (out / f"grad_norms{rank}.json").write_text(json.dumps([s.get("grad_norm")
+                                                            for s in result.steps]))
 
 
 def _worker(rank: int, port: int, cases: dict, out_dir: str, device: str, world: int) -> None:
@@ -269,6 +272,26 @@ def test_sharded_plans_train_like_unsharded_and_like_one_process(tmp_path):
     for rank in range(2):
         assert_same(states[rank], reference_state(DeepToy(), "tiny", STEPS, LR),
                     rtol=1e-4, atol=1e-5)
+
+
+def test_sharded_plans_clip_the_global_norm_as_one_process_does(tmp_path):
+    """--clip-grad-norm with FSDP shards: each rank's shard of a gradient counts once in the
+    global norm, the parameters FSDP leaves whole (replicated) once over their copies, so
+    sharded plans clip as one process clipping all its parameters does, norms included."""
+    clip = 0.05
+    cases = {name: {"model": model, "plan": plan, "steps": STEPS, "clip_grad_norm": clip}
+             for name, (model, plan) in SHARDED_CASES.items()}
+    run_cases(cases, tmp_path)
+    for name, (model, _) in SHARDED_CASES.items():
+        norms: list[float] = []
+        reference = reference_state(make_model(model), "tiny", STEPS, LR, clip_grad_norm=clip,
+                                    norms=norms)
+        assert min(norms) > clip, name
+        states, _ = load_run(tmp_path, name)
+        for rank in range(2):
+            assert_same(states[rank], reference, rtol=1e-4, atol=1e-5)
+            logged = json.loads((tmp_path / name / f"grad_norms{rank}.json").read_text())
+            assert logged == pytest.approx(norms, rel=1e-4), name
 
 
 def test_sharded_checkpoints_resume_under_sharded_and_unsharded_plans(tmp_path):

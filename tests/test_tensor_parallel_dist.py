@@ -56,7 +56,7 @@ CASES = {
 
 
 def _worker(rank: int, world: int, port: int, cases: dict, out_dir: str,
-            device: str = "cpu") -> None:
+            device: str = "cpu", clip_grad_norm: float | None = None) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
     torch.set_num_threads(1)
@@ -73,7 +73,8 @@ def _worker(rank: int, world: int, port: int, cases: dict, out_dir: str,
                                  checkpoint=CheckpointConfig(directory=str(where / "ck")),
                                  optimizer="sgd", plan=Plan.from_dict(plan), warmup_steps=0,
                                  engine=EngineConfig(amp=False), progress=False,
-                                 metrics_path=str(where / f"metrics{part}.jsonl"))
+                                 metrics_path=str(where / f"metrics{part}.jsonl"),
+                                 clip_grad_norm=clip_grad_norm)
             result = train(config)
         # full_tensor gathers a TP shard: a collective, in state_dict order on every rank.
         state = {f"{m}.{k}": full_tensor(v).detach().cpu().contiguous()
@@ -93,8 +94,10 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def reference() -> tuple[list[float], dict[str, torch.Tensor]]:
-    """One process, the whole model and the global batch: losses per step and final weights."""
+def reference(clip_grad_norm: float | None = None,
+              norms: list[float] | None = None) -> tuple[list[float], dict[str, torch.Tensor]]:
+    """One process, the whole model and the global batch: losses per step and final weights
+    (with `clip_grad_norm`, torch's clip_grad_norm_ before each update, its norms in `norms`)."""
     model = get_model(MODEL)
     graph = model.graph(PRESET)
     modules = build_modules(model, PRESET, graph.names, seed=0)
@@ -105,6 +108,8 @@ def reference() -> tuple[list[float], dict[str, torch.Tensor]]:
         loss = model.loss(modules, make_batch(model, PRESET, graph.global_batch, 0, step))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
+        if clip_grad_norm is not None:
+            norms.append(float(torch.nn.utils.clip_grad_norm_(params, clip_grad_norm)))
         optimizer.step()
         losses.append(loss.item())
     state = {f"{m}.{k}": v.detach().clone() for m, mod in modules.items()
@@ -122,18 +127,37 @@ def test_tensor_parallel_trains_like_one_process(tmp_path, expected, world):
     check_against_one_process(tmp_path, expected, world, "cpu", rel=1e-5, rtol=1e-4, atol=1e-5)
 
 
+CLIP = 0.5
+"""Below the tiny LLM's gradient norm at each of the STEPS (asserted): clipping acts."""
+
+
+def test_tensor_parallel_clips_the_global_norm_like_one_process(tmp_path):
+    """--clip-grad-norm over a TP group: each shard of a split weight counts once in the
+    global norm, the weights every GPU of the group holds whole (norms, adapters) once over
+    their copies, so the plan clips as one process does, norms included."""
+    norms: list[float] = []
+    expected = reference(CLIP, norms)
+    assert min(norms) > CLIP
+    check_against_one_process(tmp_path, expected, 2, "cpu", rel=1e-5, rtol=1e-4, atol=1e-5,
+                              cases={"tp2": CASES[2]["tp2"]}, clip_grad_norm=CLIP, norms=norms)
+
+
 def check_against_one_process(tmp_path: Path, expected, world: int, device: str, *,
-                              rel: float, rtol: float, atol: float) -> None:
-    """Train every case of CASES[world] on `world` processes; losses and weights must match
-    one process on the CPU."""
-    cases = CASES[world]
-    start_workers(_worker, (world, _free_port(), cases, str(tmp_path), device), nprocs=world,
-                  device=device)
+                              rel: float, rtol: float, atol: float, cases: dict | None = None,
+                              clip_grad_norm: float | None = None,
+                              norms: list[float] | None = None) -> None:
+    """Train every case of CASES[world] (or `cases`) on `world` processes; losses and weights
+    (and with `clip_grad_norm` the logged norms) must match one process on the CPU."""
+    cases = cases or CASES[world]
+    start_workers(_worker, (world, _free_port(), cases, str(tmp_path), device, clip_grad_norm),
+                  nprocs=world, device=device)
     losses, state = expected
     for name, plans in cases.items():
         rows = [json.loads(r) for part in range(len(plans))
                 for r in (tmp_path / name / f"metrics{part}.jsonl").read_text().splitlines()]
         assert [r["loss"] for r in rows] == pytest.approx(losses, rel=rel)
+        if clip_grad_norm is not None:
+            assert [r["grad_norm"] for r in rows] == pytest.approx(norms, rel=1e-4)
         placed = {p["module"]: p["gpus"] for s in plans[-1]["stages"] for p in s["placements"]}
         for rank in range(world):
             shard = json.loads((tmp_path / name / f"rank{rank}.json").read_text())

@@ -34,6 +34,7 @@ early) that would fire FSDP's gradient hooks on half a step.
 from __future__ import annotations
 
 import contextlib
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -126,6 +127,18 @@ def gradient_home(config: RunnerConfig, *, plain: bool, data_parallel: bool,
     flat = flat_sync or (in_graph and (accumulating or (bf16_weights and config.bf16_flat_grads)))
     mode = None if not in_graph else "add" if accumulating else "copy" if flat else "own"
     return GradientHome(flat=flat, flat_sync=flat_sync, graph_mode=mode)
+
+
+def _shard_pieces(tensor: torch.Tensor) -> int:
+    """Into how many distinct pieces a DTensor is split over its mesh (1: a plain tensor, or
+    replicated on every mesh dimension)."""
+    from torch.distributed.tensor import DTensor
+
+    if not isinstance(tensor, DTensor):
+        return 1
+    mesh = tensor.device_mesh
+    return math.prod(mesh.size(dim) for dim, placement in enumerate(tensor.placements)
+                     if placement.is_shard())
 
 
 @dataclass(slots=True)
@@ -343,11 +356,29 @@ class PlanRunner:
         CLIP `small` step under cProfile on the H200 (3.9 of 11.7 ms): the list is kept."""
         if m not in self.local:
             return []
-        if m in self._flat and (m in self._in_graph or self._homes[m].flat_sync):
+        if self._grads_in_flat_buffers(m):
             return list(self._flat[m].buffers.values())
+        return [local_tensor(p.grad) for p in self._params_of(m) if p.grad is not None]
+
+    def gradient_copies(self, m: str) -> list[int]:
+        """Per tensor of `gradients(m)`, how many ranks of m's placement hold the same values:
+        its data-parallel replicas, and for a DTensor (an FSDP or tensor-parallel shard) the
+        ranks holding that shard. Summing over ranks each tensor's squared norm over its
+        copies counts every gradient element once (gradient clipping's global norm)."""
+        if m not in self.local:
+            return []
+        ranks = len(self.plan.placement(m).gpus)
+        if self._grads_in_flat_buffers(m):
+            return [ranks] * len(self._flat[m].buffers)
+        return [ranks // _shard_pieces(p.grad) for p in self._params_of(m) if p.grad is not None]
+
+    def _grads_in_flat_buffers(self, m: str) -> bool:
+        return m in self._flat and (m in self._in_graph or self._homes[m].flat_sync)
+
+    def _params_of(self, m: str) -> list[nn.Parameter]:
         if m not in self._param_lists:
             self._param_lists[m] = list(self.modules[m].parameters())
-        return [local_tensor(p.grad) for p in self._param_lists[m] if p.grad is not None]
+        return self._param_lists[m]
 
     def local_batch(self, batch: dict[str, tuple[torch.Tensor, ...]]) -> dict[str, tuple[torch.Tensor, ...]]:
         """This rank's samples of each local module's own inputs, on the device.

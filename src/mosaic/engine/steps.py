@@ -120,11 +120,12 @@ class GuardChoice:
 class GradClip:
     """Clip the global gradient norm (over every module and rank) to `max_norm`, as
     torch.nn.utils.clip_grad_norm_ does over one model's parameters. `copies`: per module,
-    the ranks that hold an identical copy of its gradients (its data-parallel replicas), so
-    that summing each rank's squared norm over ranks counts every gradient once."""
+    for each of its gradient tensors, how many ranks hold the same values
+    (PlanRunner.gradient_copies), so that summing each rank's squared norms over ranks counts
+    every gradient element once."""
 
     max_norm: float
-    copies: dict[str, int]
+    copies: Callable[[str], list[int]]
 
 
 def step_health(output: StepOutput, gradients: Callable[[str], list[torch.Tensor]],
@@ -147,9 +148,9 @@ def step_health(output: StepOutput, gradients: Callable[[str], list[torch.Tensor
         elif clip is None:
             parts.append(_not_finite(grads, guard))
         else:
-            squared = torch.stack(torch._foreach_norm(grads, 2, dtype=torch.float32)).square().sum()
-            parts.append((~torch.isfinite(squared)).float())
-            shares.append(squared / clip.copies.get(name, 1))
+            share = _squared_norm_share(grads, clip.copies(name))
+            parts.append((~torch.isfinite(share)).float())
+            shares.append(share)
     health = torch.stack([p.to(loss.device) for p in parts + (shares if clip else [])])
     if world_size > 1:
         dist.all_reduce(health)
@@ -216,6 +217,17 @@ def launch_step(session: Any, optimizer: torch.optim.Optimizer | None, rows: lis
     on_host = health.to("cpu", non_blocking=True) if health.is_cuda else health.clone()
     return StepInFlight(step=step, start=start, end=timer.mark(), health=on_host,
                         modules=names, output=output, clipped=clip is not None), checked
+
+
+def _squared_norm_share(grads: list[torch.Tensor], copies: list[int]) -> torch.Tensor:
+    """This rank's share of the squared global norm: each tensor's squared norm over the
+    ranks that hold a copy of it. Grouped by copy count on the host, so that no weights go to
+    the device every step (a host-to-device copy would wait for the GPU)."""
+    norms = torch._foreach_norm(grads, 2, dtype=torch.float32)
+    groups: dict[int, list[torch.Tensor]] = {}
+    for norm, count in zip(norms, copies, strict=True):
+        groups.setdefault(count, []).append(norm)
+    return sum(torch.stack(group).square().sum() / count for count, group in groups.items())
 
 
 def _clip_gradients(session: Any, names: list[str], health: torch.Tensor,

@@ -678,7 +678,8 @@ class _StepPipeline:
         done = finish_step(flight, self.timer, since)
         self.stop_seen = self.stop_seen or done.stop_requested
         launch_s = self.launch_s.pop(done.step)
-        switched = self.guard.observe(launch_s, done.seconds)
+        # Clipping's norms are the guard: no other guard to choose.
+        switched = self.clip is None and self.guard.observe(launch_s, done.seconds)
         if switched and self.d.rank == 0 and self.d.device.type == "cuda":
             print(f"mosaic: launching a step takes {launch_s * 1e3:.1f} of its "
                   f"{done.seconds * 1e3:.1f} ms: the NaN guard checks each module's gradients "
@@ -703,21 +704,11 @@ class _StepPipeline:
 
 
 def gradient_clip(config: TrainConfig, session: RankSession) -> GradClip | None:
-    """What clip_grad_norm asks for on this rank's modules: each module's data-parallel
-    replicas hold one gradient each. Sharded and tensor-parallel modules hold parts of theirs
-    (and copies of some): their share of the norm is not counted yet, so they are refused."""
+    """What clip_grad_norm asks of this rank: the bound, and how many ranks hold a copy of
+    each of its gradient tensors (replicas, shards)."""
     if config.clip_grad_norm is None:
         return None
-    plan = session.plan
-    split = sorted(m for m in session.runner.local
-                   if plan.placement(m).tensor_parallel > 1 or m in session.runner.sharded)
-    if split:
-        raise TrainError(f"clip_grad_norm (--clip-grad-norm) with sharded or tensor-parallel "
-                         f"modules {split} is not supported yet: train without it, or with a "
-                         "plan whose placements of them replicate them (shard false, "
-                         "tensor_parallel 1)")
-    return GradClip(max_norm=config.clip_grad_norm,
-                    copies={m: plan.placement(m).dp_degree for m in session.runner.local})
+    return GradClip(max_norm=config.clip_grad_norm, copies=session.runner.gradient_copies)
 
 
 def _poison_gradient(session: RankSession) -> None:
