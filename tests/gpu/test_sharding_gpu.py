@@ -79,3 +79,22 @@ def test_zoo_models_sharded_follow_the_unsharded_loss_curve(tmp_path):
         torch.testing.assert_close(losses[0], plain_losses[0], **BF16)
         report = json.loads((tmp_path / f"{model}-sharded" / "compile0.json").read_text())
         assert sharded <= set(report["eager"]) and not sharded & set(report["compiled"])
+
+
+def test_sharded_plans_over_nccl_clip_the_global_norm_as_one_process_does(tmp_path):
+    """--clip-grad-norm over NCCL with FSDP shards beside graphed unsharded modules (fp32)."""
+    _two_gpus()
+    clip = 0.05
+    cases = {name: {"model": model, "plan": plan, "steps": STEPS, "graphs": True,
+                    "clip_grad_norm": clip}
+             for name, (model, plan) in SHARDED_CASES.items()}
+    run_cases(cases, tmp_path, device="cuda")
+    for name, (model, _) in SHARDED_CASES.items():
+        norms: list[float] = []
+        reference = reference_state(make_model(model), "tiny", STEPS, LR, clip_grad_norm=clip,
+                                    norms=norms)
+        states, _ = load_run(tmp_path, name)
+        for rank in range(2):
+            assert_same(states[rank], reference, rtol=1e-3, atol=1e-4)
+            logged = json.loads((tmp_path / name / f"grad_norms{rank}.json").read_text())
+            assert logged == pytest.approx(norms, rel=1e-3), name
