@@ -16,7 +16,7 @@ import json
 import re
 from typing import Any
 
-from mosaic.report.kernel_time import KERNEL_CATEGORIES, load_trace
+from mosaic.report.kernel_time import gpu_work, load_trace, traced_steps
 
 
 def _merged(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
@@ -35,10 +35,7 @@ def _covered(begin: float, end: float, merged: list[tuple[float, float]]) -> flo
 
 def overlap(trace: dict[str, Any], pattern: str) -> dict[str, Any]:
     events = trace.get("traceEvents", [])
-    steps = max(1, len({e.get("name") for e in events
-                        if str(e.get("name", "")).startswith("ProfilerStep#")}))
-    kernels = [e for e in events
-               if e.get("ph") == "X" and e.get("cat") in KERNEL_CATEGORIES and e.get("dur")]
+    steps, kernels = traced_steps(events), gpu_work(events)
     by_stream: dict[int, list[dict[str, Any]]] = {}
     for e in kernels:
         by_stream.setdefault(int(e.get("args", {}).get("stream", e.get("tid", 0))), []).append(e)

@@ -84,3 +84,21 @@ def test_autotune_log_gives_each_operators_best_and_aten_time():
     assert first["tuning_s"] == 2.0 and first["choices"] == 21
     assert (second["best"], second["aten_ms"]) == ("mm", 0.01)
     assert third["aten_ms"] is None and third["slowest_listed_ms"] == 0.005
+
+
+def test_trace_overlap_counts_the_matched_kernels_time_beside_other_streams():
+    """A norm kernel on stream 9 half under a GEMM of stream 7, then alone: 50 of its 100 us
+    ran beside another stream; a second norm (10 us) never did."""
+    overlap = _script("trace_overlap").overlap
+
+    def kernel(name, start, duration, stream):
+        return {"ph": "X", "cat": "kernel", "name": name, "ts": start, "dur": duration,
+                "args": {"stream": stream}}
+
+    trace = {"traceEvents": [{"name": "ProfilerStep#1"}, kernel("gemm", 0, 100, 7),
+                             kernel("foreach_norm_a", 50, 100, 9),
+                             kernel("foreach_norm_b", 200, 10, 9)]}
+    streams = overlap(trace, "foreach_norm")["streams"]
+    assert streams["9"]["matched_ms"] == pytest.approx(0.11)
+    assert streams["9"]["matched_beside_other_streams_ms"] == pytest.approx(0.05)
+    assert streams["7"]["matched_ms"] == 0.0 and streams["9"]["matched_count"] == 2

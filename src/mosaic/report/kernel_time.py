@@ -56,16 +56,25 @@ def kernel_time(trace: dict[str, Any], steps: int | None = None) -> dict[str, An
     """The summary of `trace` (see the module docstring), times in ms per step; `steps`: the
     steps it covers (default: its torch.profiler `ProfilerStep#N` marks, else 1)."""
     events = trace.get("traceEvents", [])
-    if steps is None:
-        steps = max(1, len({e.get("name") for e in events
-                            if str(e.get("name", "")).startswith("ProfilerStep#")}))
-    kernels = [e for e in events
-               if e.get("ph") == "X" and e.get("cat") in KERNEL_CATEGORIES and e.get("dur")]
+    steps = traced_steps(events) if steps is None else steps
+    kernels = gpu_work(events)
     devices: dict[int, list[dict[str, Any]]] = {}
     for e in kernels:
         devices.setdefault(int(e.get("args", {}).get("device", e.get("pid", 0))), []).append(e)
     return {"steps": steps,
             "devices": {str(d): _device_summary(events, steps) for d, events in sorted(devices.items())}}
+
+
+def traced_steps(events: list[dict[str, Any]]) -> int:
+    """The steps a trace covers: its torch.profiler `ProfilerStep#N` marks, at least 1."""
+    return max(1, len({e.get("name") for e in events
+                       if str(e.get("name", "")).startswith("ProfilerStep#")}))
+
+
+def gpu_work(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The trace's complete events of work on a GPU (kernels, copies, sets) that took time."""
+    return [e for e in events
+            if e.get("ph") == "X" and e.get("cat") in KERNEL_CATEGORIES and e.get("dur")]
 
 
 def summarise_trace_dir(directory: str | Path) -> list[Path]:
