@@ -22,6 +22,7 @@ from typing import Annotated, Any
 import typer
 
 from mosaic.data import DATASETS
+from mosaic.engine.schedule import DECAYS
 from mosaic.errors import MosaicError
 from mosaic.files import check_out_dir, check_out_file
 from mosaic.hardware import GPUS, GPUS_PER_NODE, MAX_GPUS
@@ -56,6 +57,7 @@ PresetName = StrEnum("PresetName", {name: name for name in PRESETS})
 HardwareName = StrEnum("HardwareName", {name: name for name in GPUS})
 PerfModelName = StrEnum("PerfModelName", {name: name for name in PERF_MODELS})
 DataName = StrEnum("DataName", {name: name for name in DATASETS})
+LRDecay = StrEnum("LRDecay", {name: name for name in DECAYS})
 KernelsName = StrEnum("KernelsName", {name: name for name in KERNELS})
 ProfileDbOption = Annotated[Path | None, typer.Option(
     "--profile-db", help="ProfileDB to predict from (`mosaic profile --db`; default: the one "
@@ -420,6 +422,14 @@ def train(
                                                  callback=_out_file("--metrics"))] = None,
     graphs: Annotated[bool, typer.Option(help="per-module CUDA graphs (GPU; off on a CPU)")] = True,
     lr: Annotated[float, typer.Option(help="AdamW learning rate")] = 1e-4,
+    lr_warmup_steps: Annotated[int, typer.Option(
+        "--lr-warmup-steps", min=0, help="steps over which the learning rate ramps linearly "
+                                         "up to --lr")] = 0,
+    lr_decay: Annotated[LRDecay, typer.Option(
+        "--lr-decay", help="after warm-up: keep --lr, or decay it linearly or along a cosine "
+                           "to --min-lr at the last step (metrics: lr)")] = LRDecay.constant,
+    min_lr: Annotated[float, typer.Option("--min-lr", min=0.0, help="the learning rate a "
+                                          "decay ends at")] = 0.0,
     clip_grad_norm: Annotated[float | None, typer.Option(
         "--clip-grad-norm", min=0.0, metavar="MAX_NORM",
         help="scale the gradients so that their global norm (every module and GPU) is at most "
@@ -540,6 +550,8 @@ def train(
                                 checkpoint=ckpt, resume=resume, timeout_s=timeout_s,
                                 skip_nonfinite=skip_nonfinite, read_each_step=read_each_step,
                                 data=str(data), clip_grad_norm=clip_grad_norm,
+                                lr_warmup_steps=lr_warmup_steps, lr_decay=str(lr_decay),
+                                min_lr=min_lr,
                                 tensorboard_dir=str(tensorboard) if tensorboard else None,
                                 torch_trace_dir=str(torch_trace) if torch_trace else None)
     finally:
@@ -710,7 +722,7 @@ def _with_job(ctx, config: Path | None, overrides: list[str]) -> dict:
     field = {param: key for key, (param, _) in FIELDS.items()}
     params = {**ctx.params, "config": None, "set_": None, "ctx": ctx}
     choices = {"preset": PresetName, "hardware": HardwareName, "perf_model": PerfModelName,
-               "data": DataName}
+               "data": DataName, "lr_decay": LRDecay}
     for name, value in load_job(config, overrides).items():
         source = ctx.get_parameter_source(name)  # typer may vendor click: compare by name
         if source is not None and source.name != "DEFAULT":

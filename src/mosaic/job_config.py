@@ -40,6 +40,8 @@ FIELDS: dict[str, tuple[str, type]] = {
     "train.steps": ("steps", int), "train.lr": ("lr", float), "train.seed": ("seed", int),
     "train.batch": ("batch", int), "train.preset": ("preset", str), "train.data": ("data", str),
     "train.clip_grad_norm": ("clip_grad_norm", float),
+    "train.lr_warmup_steps": ("lr_warmup_steps", int), "train.lr_decay": ("lr_decay", str),
+    "train.min_lr": ("min_lr", float),
     "plan.planner": ("planner", str), "plan.gpus": ("gpus", int), "plan.file": ("plan_file", Path),
     "plan.hardware": ("hardware", str), "plan.perf_model": ("perf_model", str),
     "plan.profile_db": ("profile_db", Path),

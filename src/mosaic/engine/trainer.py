@@ -41,6 +41,7 @@ from mosaic.engine.compile import compile_modules
 from mosaic.engine.main_weights import MainWeightsAdamW, bf16_weights_refusal, cast_weights_bf16
 from mosaic.engine.rows import RowPrefetcher, RowsOnDevice
 from mosaic.engine.runner import StepOutput
+from mosaic.engine.schedule import LRSchedule
 from mosaic.engine.session import (
     OPTIMIZERS,
     Dist,
@@ -135,6 +136,11 @@ class TrainConfig:
     long (when this process starts the process group). None: torch's default."""
     skip_nonfinite: bool = False
     """On a NaN/inf loss or gradient, skip that step's update (logged) instead of stopping."""
+    lr_warmup_steps: int = 0
+    """Steps over which the learning rate ramps linearly up to `lr` (engine/schedule.py)."""
+    lr_decay: str = "constant"
+    """After warm-up: 'constant', or 'linear' / 'cosine' down to `min_lr` at the last step."""
+    min_lr: float = 0.0
     clip_grad_norm: float | None = None
     """Scale the gradients so that their global norm (every module, every rank) is at most
     this, before each update, as torch.nn.utils.clip_grad_norm_ does; the norm before clipping
@@ -171,6 +177,7 @@ class TrainConfig:
             raise TrainError(f"warmup_steps={self.warmup_steps} must be in [0, steps={self.steps})")
         if self.engine.graphs and self.warmup_steps < 1:
             raise TrainError("graphs=True runs the first step eagerly to capture: set warmup_steps >= 1")
+        self.lr_schedule()  # its own checks: ScheduleError names the option
         if self.clip_grad_norm is not None and not self.clip_grad_norm > 0:
             raise TrainError(f"clip_grad_norm={self.clip_grad_norm} must be > 0 (--clip-grad-norm)")
         if self.optimizer not in OPTIMIZERS:
@@ -195,6 +202,10 @@ class TrainConfig:
         if self.tensorboard_dir is not None and importlib.util.find_spec("tensorboard") is None:
             raise TrainError(f"tensorboard_dir={self.tensorboard_dir!r} needs the tensorboard "
                              "package: pip install tensorboard, or drop --tensorboard")
+
+    def lr_schedule(self) -> LRSchedule:
+        return LRSchedule(peak=self.lr, total_steps=self.steps, warmup_steps=self.lr_warmup_steps,
+                          decay=self.lr_decay, min_lr=self.min_lr)
 
 
 @dataclass(slots=True)
@@ -499,8 +510,9 @@ def _board_scalars(board: Any, row: dict[str, Any]) -> None:
     board.add_scalar("train/step_time_ms", 1e3 * row["step_time_s"], row["step"])
     if row.get("samples_per_s") is not None:
         board.add_scalar("train/samples_per_s", row["samples_per_s"], row["step"])
-    if row.get("grad_norm") is not None:
-        board.add_scalar("train/grad_norm", row["grad_norm"], row["step"])
+    for key in ("grad_norm", "lr"):
+        if row.get(key) is not None:
+            board.add_scalar(f"train/{key}", row[key], row["step"])
 
 
 def _loop(config: TrainConfig, model: TrainableModel, graph: MMGraph, session: RankSession,
@@ -646,11 +658,16 @@ class _StepPipeline:
         self.guard = GuardChoice()
         self.launch_s: dict[int, float] = {}
         self.clip = gradient_clip(config, session)
+        self.schedule = config.lr_schedule()
 
     def launch(self, step: int, rows: list[dict[str, Any]]) -> None:
         poison = (_poison_gradient if self.fault is not None and self.fault.action == "nan"
                   and self.fault.due(self.d.rank, step) else None)
         started = time.perf_counter()
+        if not self.schedule.constant and self.optimizer is not None:
+            rate = self.schedule.at(step)
+            for group in self.optimizer.param_groups:
+                group["lr"] = rate
         flight, checked = launch_step(self.session, self.optimizer, rows, self.timer, step,
                                       poison, self.guard.guard, self.stop.requested, self.clip)
         self.launch_s[step] = time.perf_counter() - started
@@ -687,6 +704,8 @@ class _StepPipeline:
         row = _step_metrics(done.step, self.config, self.graph, self.d, done.loss, done.seconds)
         # This rank's host time to launch the step: near step_time_s, the host bounds it.
         row["launch_s"] = launch_s
+        if not self.schedule.constant:
+            row["lr"] = self.schedule.at(done.step)
         if done.grad_norm is not None:
             row["grad_norm"] = done.grad_norm  # before clipping, as torch's clip_grad_norm_ returns
         if done.bad:
@@ -927,7 +946,8 @@ def train_from_cli(model: str, preset: str = "tiny", plan_path: str | None = Non
                    read_each_step: bool = False, data: str = "synthetic",
                    tensorboard_dir: str | None = None,
                    torch_trace_dir: str | None = None,
-                   clip_grad_norm: float | None = None) -> TrainResult:
+                   clip_grad_norm: float | None = None, lr_warmup_steps: int = 0,
+                   lr_decay: str = "constant", min_lr: float = 0.0) -> TrainResult:
     """`mosaic train`: checks that the process count matches --gpus (torchrun or not)."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if gpus is not None and gpus != world:
@@ -942,5 +962,6 @@ def train_from_cli(model: str, preset: str = "tiny", plan_path: str | None = Non
                          resume=resume, timeout_s=timeout_s, skip_nonfinite=skip_nonfinite,
                          read_each_step=read_each_step, data=data,
                          tensorboard_dir=tensorboard_dir, torch_trace_dir=torch_trace_dir,
-                         clip_grad_norm=clip_grad_norm)
+                         clip_grad_norm=clip_grad_norm, lr_warmup_steps=lr_warmup_steps,
+                         lr_decay=lr_decay, min_lr=min_lr)
     return train(config)
