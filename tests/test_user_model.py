@@ -113,6 +113,19 @@ def test_train_a_user_model_on_one_process():
     assert [s["loss"] for s in result2.steps] == pytest.approx(losses, rel=1e-5)
 
 
+def test_a_user_model_trains_clipped_on_a_schedule():
+    """The API passes clipping and the learning-rate schedule to the trainer: each step's
+    metrics hold its rate and its norm before clipping (the bound is below it)."""
+    mods = modules()
+    graph = api.graph_from_modules("mine", mods, EDGES, {n: t[:1] for n, t in data(0, 1).items()},
+                                   global_batch=16)
+    result = api.train(graph, mods, one_gpu_plan(), data, lr=1e-2, steps=4, device="cpu",
+                       progress=False, clip_grad_norm=1e-3, lr_warmup_steps=2,
+                       lr_decay="linear", min_lr=1e-3)
+    assert [s["lr"] for s in result.steps] == pytest.approx([5e-3, 1e-2, 1e-2, 1e-3])
+    assert all(s["grad_norm"] > 1e-3 for s in result.steps)
+
+
 def test_planned_by_the_api():
     mods = modules()
     graph = api.graph_from_modules("mine", mods, EDGES, {n: t[:1] for n, t in data(0, 1).items()},

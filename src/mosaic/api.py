@@ -73,7 +73,9 @@ def train(graph: MMGraph, modules: Mapping[str, nn.Module], plan: Plan | str,
           steps: int = 20, warmup_steps: int = 2, weight_decay: float = 0.0, seed: int = 0,
           engine: EngineConfig | None = None, device: str | None = None,
           metrics_path: str | None = None, hardware: str = "h200", progress: bool = True,
-          checkpoint: CheckpointConfig | None = None, resume: bool = False) -> TrainResult:
+          checkpoint: CheckpointConfig | None = None, resume: bool = False,
+          clip_grad_norm: float | None = None, lr_warmup_steps: int = 0,
+          lr_decay: str = "constant", min_lr: float = 0.0) -> TrainResult:
     """Train the user's `modules` (updated in place) with `plan` (a Plan or a plan JSON path).
 
     `data` is a callable (step, batch_size) -> {module name: tensor or tuple of tensors}, or an
@@ -82,7 +84,8 @@ def train(graph: MMGraph, modules: Mapping[str, nn.Module], plan: Plan | str,
     placement. Or a `mosaic.data.RowSource` such as `mosaic.data.ShardedDataset(dataset)`:
     each rank then loads only the rows it processes (docs/own-model.md, "Data"). Under
     torchrun every rank calls `train` with the same arguments. Returns the trainer's
-    TrainResult (per-step metrics, summary, plan, this rank's modules).
+    TrainResult (per-step metrics, summary, plan, this rank's modules). `clip_grad_norm`,
+    `lr_warmup_steps`, `lr_decay` and `min_lr` as `mosaic train`'s options of those names.
     """
     from mosaic.engine.session import EngineConfig
     from mosaic.engine.trainer import TrainConfig
@@ -97,7 +100,9 @@ def train(graph: MMGraph, modules: Mapping[str, nn.Module], plan: Plan | str,
         steps=steps, warmup_steps=min(warmup_steps, steps - 1), lr=lr,
         weight_decay=weight_decay, optimizer=optimizer, seed=seed,
         engine=engine or EngineConfig(), device=device, metrics_path=metrics_path,
-        hardware=hardware, progress=progress, checkpoint=checkpoint, resume=resume)
+        hardware=hardware, progress=progress, checkpoint=checkpoint, resume=resume,
+        clip_grad_norm=clip_grad_norm, lr_warmup_steps=lr_warmup_steps, lr_decay=lr_decay,
+        min_lr=min_lr)
     return run(config, model)
 
 
