@@ -168,7 +168,8 @@ class ToyModel(WholeBatchToy):
 def reference_state(model, preset: str, steps: int, lr: float, seed: int = 0,
                     global_batch: int | None = None, optimizer: str = "sgd",
                     clip_grad_norm: float | None = None,
-                    norms: list[float] | None = None) -> dict[str, torch.Tensor]:
+                    norms: list[float] | None = None,
+                    weight_decay: float = 0.0) -> dict[str, torch.Tensor]:
     """Plain single-process training on the global batch, all modules in one optimizer, no
     plan. SGD by default: Adam is invariant to a constant gradient scale, so it would hide
     a wrong loss or all-reduce scaling. `clip_grad_norm`: torch's clip_grad_norm_ before
@@ -176,7 +177,7 @@ def reference_state(model, preset: str, steps: int, lr: float, seed: int = 0,
     graph = model.graph(preset, global_batch)
     modules = build_modules(model, preset, graph.names, seed)
     params = [p for m in modules.values() for p in m.parameters()]
-    optimizer = OPTIMIZERS[optimizer](params, lr=lr, weight_decay=0.0)
+    optimizer = OPTIMIZERS[optimizer](params, lr=lr, weight_decay=weight_decay)
     for step in range(steps):
         data = make_batch(model, preset, graph.global_batch, seed, step)
         outputs: dict[str, torch.Tensor] = {}
@@ -276,6 +277,17 @@ def test_one_gpu_equals_reference_loop(toy, sharing, kind):
                                    optimizer=optimizer), model=model)
         want = reference_state(model, "tiny", 3, 1e-2, optimizer=optimizer)
         assert_state_close(state_of(result.modules), want)
+
+
+def test_weight_decay_trains_as_adamw_with_it():
+    model = ToyModel("toyvlm")
+    plan = one_gpu_plans(model.graph("tiny"))["free"]
+    result = train(TrainConfig(device="cpu", model="toyvlm", plan=plan, steps=3, warmup_steps=0,
+                               lr=1e-1, weight_decay=0.5), model=model)
+    want = reference_state(model, "tiny", 3, 1e-1, optimizer="adamw", weight_decay=0.5)
+    assert_state_close(state_of(result.modules), want)
+    plain = reference_state(model, "tiny", 3, 1e-1, optimizer="adamw")
+    assert any(not torch.allclose(want[k], plain[k]) for k in want)  # it decays
 
 
 CLIP = 0.05

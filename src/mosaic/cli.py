@@ -422,6 +422,9 @@ def train(
                                                  callback=_out_file("--metrics"))] = None,
     graphs: Annotated[bool, typer.Option(help="per-module CUDA graphs (GPU; off on a CPU)")] = True,
     lr: Annotated[float, typer.Option(help="AdamW learning rate")] = 1e-4,
+    weight_decay: Annotated[float, typer.Option(
+        "--weight-decay", min=0.0, help="AdamW's decoupled weight decay, on every parameter "
+                                        "(0.1 is common for LLMs)")] = 0.0,
     lr_warmup_steps: Annotated[int, typer.Option(
         "--lr-warmup-steps", min=0, help="steps over which the learning rate ramps linearly "
                                          "up to --lr")] = 0,
@@ -551,7 +554,7 @@ def train(
                                 skip_nonfinite=skip_nonfinite, read_each_step=read_each_step,
                                 data=str(data), clip_grad_norm=clip_grad_norm,
                                 lr_warmup_steps=lr_warmup_steps, lr_decay=str(lr_decay),
-                                min_lr=min_lr,
+                                min_lr=min_lr, weight_decay=weight_decay,
                                 tensorboard_dir=str(tensorboard) if tensorboard else None,
                                 torch_trace_dir=str(torch_trace) if torch_trace else None)
     finally:

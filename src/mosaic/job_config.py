@@ -41,7 +41,7 @@ FIELDS: dict[str, tuple[str, type]] = {
     "train.batch": ("batch", int), "train.preset": ("preset", str), "train.data": ("data", str),
     "train.clip_grad_norm": ("clip_grad_norm", float),
     "train.lr_warmup_steps": ("lr_warmup_steps", int), "train.lr_decay": ("lr_decay", str),
-    "train.min_lr": ("min_lr", float),
+    "train.min_lr": ("min_lr", float), "train.weight_decay": ("weight_decay", float),
     "plan.planner": ("planner", str), "plan.gpus": ("gpus", int), "plan.file": ("plan_file", Path),
     "plan.hardware": ("hardware", str), "plan.perf_model": ("perf_model", str),
     "plan.profile_db": ("profile_db", Path),

@@ -178,6 +178,8 @@ class TrainConfig:
         if self.engine.graphs and self.warmup_steps < 1:
             raise TrainError("graphs=True runs the first step eagerly to capture: set warmup_steps >= 1")
         self.lr_schedule()  # its own checks: ScheduleError names the option
+        if self.weight_decay < 0:
+            raise TrainError(f"weight_decay={self.weight_decay} must be >= 0 (--weight-decay)")
         if self.clip_grad_norm is not None and not self.clip_grad_norm > 0:
             raise TrainError(f"clip_grad_norm={self.clip_grad_norm} must be > 0 (--clip-grad-norm)")
         if self.optimizer not in OPTIMIZERS:
@@ -947,7 +949,8 @@ def train_from_cli(model: str, preset: str = "tiny", plan_path: str | None = Non
                    tensorboard_dir: str | None = None,
                    torch_trace_dir: str | None = None,
                    clip_grad_norm: float | None = None, lr_warmup_steps: int = 0,
-                   lr_decay: str = "constant", min_lr: float = 0.0) -> TrainResult:
+                   lr_decay: str = "constant", min_lr: float = 0.0,
+                   weight_decay: float = 0.0) -> TrainResult:
     """`mosaic train`: checks that the process count matches --gpus (torchrun or not)."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if gpus is not None and gpus != world:
@@ -963,5 +966,5 @@ def train_from_cli(model: str, preset: str = "tiny", plan_path: str | None = Non
                          read_each_step=read_each_step, data=data,
                          tensorboard_dir=tensorboard_dir, torch_trace_dir=torch_trace_dir,
                          clip_grad_norm=clip_grad_norm, lr_warmup_steps=lr_warmup_steps,
-                         lr_decay=lr_decay, min_lr=min_lr)
+                         lr_decay=lr_decay, min_lr=min_lr, weight_decay=weight_decay)
     return train(config)
