@@ -940,31 +940,17 @@ def _summary(config: TrainConfig, graph: MMGraph, session: RankSession,
 
 def train_from_cli(model: str, preset: str = "tiny", plan_path: str | None = None,
                    gpus: int | None = None, steps: int = 20, metrics: str | None = None, *,
-                   plan: Plan | None = None, engine: EngineConfig | None = None,
-                   warmup_steps: int = 2, lr: float = 1e-4, seed: int = 0,
-                   global_batch: int | None = None, hardware: str = "h200",
-                   checkpoint: CheckpointConfig | None = None, resume: bool | str = False,
-                   timeout_s: float | None = 600.0, skip_nonfinite: bool = False,
-                   read_each_step: bool = False, data: str = "synthetic",
-                   tensorboard_dir: str | None = None,
-                   torch_trace_dir: str | None = None,
-                   clip_grad_norm: float | None = None, lr_warmup_steps: int = 0,
-                   lr_decay: str = "constant", min_lr: float = 0.0,
-                   weight_decay: float = 0.0) -> TrainResult:
-    """`mosaic train`: checks that the process count matches --gpus (torchrun or not)."""
+                   engine: EngineConfig | None = None, warmup_steps: int = 2,
+                   **fields: Any) -> TrainResult:
+    """`mosaic train`: checks that the process count matches --gpus (torchrun or not);
+    `fields`: the other TrainConfig fields, by name."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if gpus is not None and gpus != world:
         if "WORLD_SIZE" not in os.environ:
             raise TrainError(f"--gpus {gpus} needs {gpus} processes, one per GPU: launch with "
                              f"`torchrun --standalone --nproc-per-node {gpus} -m mosaic train ...`")
         raise TrainError(f"--gpus {gpus} but torchrun started {world} processes; make them equal")
-    config = TrainConfig(model=model, preset=preset, plan_path=plan_path, plan=plan, steps=steps,
-                         warmup_steps=min(warmup_steps, steps - 1), lr=lr, seed=seed,
-                         global_batch=global_batch, engine=engine or EngineConfig(),
-                         metrics_path=metrics, hardware=hardware, checkpoint=checkpoint,
-                         resume=resume, timeout_s=timeout_s, skip_nonfinite=skip_nonfinite,
-                         read_each_step=read_each_step, data=data,
-                         tensorboard_dir=tensorboard_dir, torch_trace_dir=torch_trace_dir,
-                         clip_grad_norm=clip_grad_norm, lr_warmup_steps=lr_warmup_steps,
-                         lr_decay=lr_decay, min_lr=min_lr, weight_decay=weight_decay)
+    config = TrainConfig(model=model, preset=preset, plan_path=plan_path, steps=steps,
+                         warmup_steps=min(warmup_steps, steps - 1), metrics_path=metrics,
+                         engine=engine or EngineConfig(), **fields)
     return train(config)
