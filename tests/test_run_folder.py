@@ -35,14 +35,31 @@ def test_write_run_folder(tmp_path):
                    "end_s": 0.001, "sm_share": 1.0}])
     write_run_folder(tmp_path / "run", config={"lr": 1e-3}, result=result)
     names = sorted(p.name for p in (tmp_path / "run").iterdir())
-    assert names == ["config.json", "env.json", "metrics.jsonl", "plan.json", "summary.json",
-                     "timeline.json", "timeline.png"]
+    assert names == ["config.json", "curves.png", "env.json", "metrics.jsonl", "plan.json",
+                     "summary.json", "timeline.json", "timeline.png"]
     lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(line)["loss"] for line in lines] == [2.0, 1.0]
     trace = json.loads((tmp_path / "run" / "timeline.json").read_text())
     assert any(e.get("cat") == "measured fwd" for e in trace["traceEvents"])
     assert Plan.load(tmp_path / "run" / "plan.json") == plan
     assert environment()["gpu"] == "cpu"
+
+
+def test_the_curves_have_a_panel_per_metric_the_run_logged(tmp_path):
+    """Loss and step time always; the learning rate and gradient norm only where a schedule
+    or clipping logged them (an empty panel would read as a flat zero)."""
+    from matplotlib.image import imread
+
+    from mosaic.report.run_folder import plot_curves
+
+    plain = [{"step": s, "loss": 2.0 - s / 10, "step_time_s": 0.01, "warmup": s < 2}
+             for s in range(6)]
+    logged = [{**row, "lr": 1e-3 * (s + 1), "grad_norm": 3.0} for s, row in enumerate(plain)]
+    widths = {}
+    for name, steps in (("plain", plain), ("logged", logged)):
+        path = plot_curves(steps, tmp_path / f"{name}.png", "m plan=manual")
+        widths[name] = imread(path).shape[1]
+    assert widths["logged"] == 2 * widths["plain"]  # four panels, not two
 
 
 def test_job_config_toml_yaml_and_overrides(tmp_path):

@@ -8,6 +8,8 @@
       summary.json     the trainer's summary
       timeline.json    Chrome trace (Perfetto): measured last step beside the prediction
       timeline.png     the same as a Gantt chart
+      curves.png       per step: the loss, the step time, and the learning rate and gradient
+                       norm where the run scheduled or clipped them
 
 `check_run_dir` refuses an existing non-empty folder (unless overwrite) before any work;
 `write_run_folder` is called on rank 0 after training. Every file is written atomically.
@@ -98,6 +100,9 @@ def write_run_folder(out: Path, *, config: dict[str, Any], result: Any, graph: A
                                   **{e.gpu: f"GPU {e.gpu - MEASURED_GPU_OFFSET} measured"
                                      for e in shifted}}.items())]
     written.append(write_text_atomic(out / "timeline.json", json.dumps(trace)))
+    if result.steps:
+        written.append(plot_curves(result.steps, out / "curves.png",
+                                   f"{summary.get('model')} plan={result.plan.planner}"))
     events = measured or predicted
     if events:
         title = (f"{summary.get('model')} plan={result.plan.planner}: "
@@ -106,4 +111,38 @@ def write_run_folder(out: Path, *, config: dict[str, Any], result: Any, graph: A
     return written
 
 
-__all__ = ["OutputError", "check_run_dir", "environment", "write_run_folder"]
+CURVES = (("loss", "loss", 1.0), ("step_time_s", "step time, ms", 1e3), ("lr", "learning rate", 1.0),
+          ("grad_norm", "gradient norm (before clipping)", 1.0))
+"""(metrics key, panel title, scale): a panel per key some step holds."""
+
+
+def plot_curves(steps: list[dict[str, Any]], path: Path, title: str) -> Path:
+    """A panel per metric of `steps` (CURVES) against the step; the steps the timing summary
+    leaves out (its warm-up, not the learning rate's) hollow."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    from mosaic.files import atomic_path
+
+    panels = [(key, label, scale) for key, label, scale in CURVES
+              if any(row.get(key) is not None for row in steps)]
+    fig = Figure(figsize=(4 * len(panels), 3.2))
+    FigureCanvasAgg(fig)
+    fig.subplots_adjust(left=0.07, right=0.98, top=0.82, bottom=0.17, wspace=0.3)
+    for ax, (key, label, scale) in zip(fig.subplots(1, len(panels), squeeze=False)[0], panels,
+                                       strict=True):
+        rows = [r for r in steps if r.get(key) is not None]
+        for warm, marker in ((True, "o"), (False, ".")):
+            shown = [r for r in rows if bool(r.get("warmup")) == warm]
+            ax.plot([r["step"] for r in shown], [r[key] * scale for r in shown], marker,
+                    markerfacecolor="none" if warm else None, color="C0", markersize=4)
+        ax.set_title(label, fontsize=9)
+        ax.set_xlabel("step", fontsize=8)
+        ax.tick_params(labelsize=7)
+    fig.suptitle(title + " (hollow: steps the timing summary leaves out)", fontsize=10)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=100, pil_kwargs={"compress_level": 1})
+    return path
+
+
+__all__ = ["OutputError", "check_run_dir", "environment", "plot_curves", "write_run_folder"]
