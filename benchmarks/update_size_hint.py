@@ -52,7 +52,7 @@ def _tensors(n: int):
     fp32 = [torch.rand(n, device="cuda") for _ in range(3)]
     grad = torch.randn(n, device="cuda", dtype=torch.bfloat16) * 1e-3
     weight = torch.empty(n, device="cuda", dtype=torch.bfloat16)
-    scalars = [torch.tensor(v, device="cuda") for v in (1e-5, 1e-5, 0.5, 0.0)]
+    scalars = [torch.tensor(v, device="cuda") for v in (1e-5, 1e-5, 0.5, 0.0, 1.0)]
     return [fp32[0], grad, fp32[1], fp32[2], weight, *scalars]
 
 

@@ -315,6 +315,23 @@ def test_clipped_gradients_train_as_torchs_clip_grad_norm(toy, sharing, tmp_path
     assert (result.summary["clip_grad_norm"], result.summary["nan_guard"]) == (CLIP, "clip norms")
 
 
+def test_clipped_adamw_divides_the_gradients_it_reads_as_torchs_clip_grad_norm():
+    """A fused optimizer is told the clipping factor (its grad_scale) and applies it in its
+    own pass: AdamW, whose update depends on each step's factor (the norms differ between
+    steps), trains as torch's AdamW after clip_grad_norm_, and not as unclipped AdamW."""
+    model = ToyModel("toyvlm")
+    plan = one_gpu_plans(model.graph("tiny"))["free"]
+    result = train(TrainConfig(device="cpu", model="toyvlm", plan=plan, steps=3, warmup_steps=0,
+                               lr=1e-2, optimizer="adamw", clip_grad_norm=CLIP), model=model)
+    norms: list[float] = []
+    want = reference_state(model, "tiny", 3, 1e-2, optimizer="adamw", clip_grad_norm=CLIP,
+                           norms=norms)
+    assert min(norms) > CLIP
+    assert_state_close(state_of(result.modules), want)
+    unclipped = reference_state(model, "tiny", 3, 1e-2, optimizer="adamw")
+    assert any(not torch.allclose(want[k], unclipped[k], rtol=1e-4, atol=1e-5) for k in want)
+
+
 def test_clipped_accumulated_micro_steps_train_as_the_whole_batch_clipped():
     """Clipping reads the gradients once every micro-step has added into them."""
     model = ToyModel("toyvlm")

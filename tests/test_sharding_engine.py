@@ -274,18 +274,21 @@ def test_sharded_plans_train_like_unsharded_and_like_one_process(tmp_path):
                     rtol=1e-4, atol=1e-5)
 
 
-def test_sharded_plans_clip_the_global_norm_as_one_process_does(tmp_path):
+@pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
+def test_sharded_plans_clip_the_global_norm_as_one_process_does(tmp_path, optimizer):
     """--clip-grad-norm with FSDP shards: each rank's shard of a gradient counts once in the
     global norm, the parameters FSDP leaves whole (replicated) once over their copies, so
-    sharded plans clip as one process clipping all its parameters does, norms included."""
+    sharded plans clip as one process clipping all its parameters does, norms included.
+    SGD's gradients are divided in place; fused AdamW over DTensors is told the factor."""
     clip = 0.05
-    cases = {name: {"model": model, "plan": plan, "steps": STEPS, "clip_grad_norm": clip}
+    cases = {name: {"model": model, "plan": plan, "steps": STEPS, "clip_grad_norm": clip,
+                    "optimizer": optimizer}
              for name, (model, plan) in SHARDED_CASES.items()}
     run_cases(cases, tmp_path)
     for name, (model, _) in SHARDED_CASES.items():
         norms: list[float] = []
         reference = reference_state(make_model(model), "tiny", STEPS, LR, clip_grad_norm=clip,
-                                    norms=norms)
+                                    norms=norms, optimizer=optimizer)
         assert min(norms) > clip, name
         states, _ = load_run(tmp_path, name)
         for rank in range(2):

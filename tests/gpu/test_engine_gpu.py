@@ -172,20 +172,24 @@ def test_a_nan_in_a_flat_gradient_buffer_is_skipped_by_the_captured_update(monke
     assert_state_close(state_of(skipped.modules), state_of(clean.modules))
 
 
+@pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
 @pytest.mark.parametrize("graphs", [False, True])
-def test_clipped_gradients_on_the_gpu_train_as_torchs_clip_grad_norm(graphs):
+def test_clipped_gradients_on_the_gpu_train_as_torchs_clip_grad_norm(graphs, optimizer):
     """--clip-grad-norm on the GPU: the norm from each module's gradients (the backward
-    graphs' flat buffers with graphs), the scale applied on the device before the update,
-    float32 (autocast off) against the CPU loop clipping all its parameters."""
+    graphs' flat buffers with graphs), the factor applied on the device (AdamW: told it, in
+    its captured step), float32 (autocast off) against the CPU loop clipping all its
+    parameters. Steps past the optimizer's capture (MainWeightsAdamW captures its third)."""
     from mosaic.engine.trainer import TrainConfig, train
 
-    model, clip, steps = ToyModel("toyvlm"), 0.05, 4
+    model, clip, steps = ToyModel("toyvlm"), 0.05, 6
+    lr = LR if optimizer == "sgd" else 1e-2
     plan = one_gpu_plans(model.graph("tiny"))["free"]
     result = train(TrainConfig(device="cuda", model="toyvlm", plan=plan, steps=steps,
-                               warmup_steps=1, lr=LR, optimizer="sgd", clip_grad_norm=clip,
+                               warmup_steps=1, lr=lr, optimizer=optimizer, clip_grad_norm=clip,
                                engine=EngineConfig(graphs=graphs, amp=False)), model=model)
     norms: list[float] = []
-    want = reference_state(model, "tiny", steps, LR, clip_grad_norm=clip, norms=norms)
+    want = reference_state(model, "tiny", steps, lr, clip_grad_norm=clip, norms=norms,
+                           optimizer=optimizer)
     assert min(norms) > clip
     assert_state_close(state_of(result.modules), want, rtol=1e-3, atol=1e-4)
     assert [s["grad_norm"] for s in result.steps] == pytest.approx(norms, rel=1e-3)

@@ -71,7 +71,7 @@ def test_the_per_weight_kernel_is_one_graph_for_every_length_after_its_tuning_ca
         cpu = [torch.rand(n), torch.randn(n).bfloat16(), torch.rand(n), torch.rand(n),
                torch.empty(n, dtype=torch.bfloat16)]
         cuda = [t.cuda() for t in cpu]
-        scalars = [torch.tensor(v) for v in (1e-3, 1e-3, 0.5, 0.0)]
+        scalars = [torch.tensor(v) for v in (1e-3, 1e-3, 0.5, 0.0, 1.0)]
         main_weights._update_fn("cpu", 0.9, 0.999, 1e-8, 0.0, True)(*cpu, *scalars)
         update(*cuda, *(s.cuda() for s in scalars))
         for i in (0, 2, 3):  # main weight, both moments

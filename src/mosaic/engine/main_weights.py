@@ -176,13 +176,15 @@ def _flat(t: torch.Tensor, n: int) -> torch.Tensor:
 def _adamw_update(main: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor,
                   exp_avg_sq: torch.Tensor, weight: torch.Tensor, lr: torch.Tensor,
                   step_size: torch.Tensor, bias2_sqrt: torch.Tensor, found_inf: torch.Tensor,
-                  *, beta1: float, beta2: float, eps: float, weight_decay: float) -> None:
-    """One AdamW step of one tensor (torch.optim.AdamW's arithmetic), writing the bf16
-    `weight` from the new fp32 `main`; nothing changes where `found_inf` is set (the
+                  grad_scale: torch.Tensor, *, beta1: float, beta2: float, eps: float,
+                  weight_decay: float) -> None:
+    """One AdamW step of one tensor (torch.optim.AdamW's arithmetic) on the gradient divided
+    by `grad_scale` (gradient clipping's factor, read in this pass; 1: none), writing the
+    bf16 `weight` from the new fp32 `main`; nothing changes where `found_inf` is set (the
     trainer's guard found a non-finite gradient). Elementwise only, so Inductor fuses it into
     one kernel."""
     skip = found_inf > 0
-    g = grad.float()
+    g = grad.float() / grad_scale
     m = exp_avg + (g - exp_avg) * (1 - beta1)
     v = exp_avg_sq * beta2 + g * g * (1 - beta2)
     new = main * (1 - lr * weight_decay) - step_size * m / (v.sqrt() / bias2_sqrt + eps)
@@ -259,7 +261,8 @@ class MainWeightsAdamW(torch.optim.Optimizer):
     bf16 weight, so a checkpoint holds the fp32 main weights and a resume continues exactly.
     Loading writes into the live tensors (a captured step keeps reading them). `found_inf`
     (a 0-d device tensor set before `step`, as for torch's fused optimizers) skips the update
-    on the device. The bf16 weights share one step count: torch's AdamW keeps one per
+    on the device; `grad_scale` (likewise) divides the gradients the update reads, as
+    gradient clipping asks, without a pass of its own over them. The bf16 weights share one step count: torch's AdamW keeps one per
     parameter, which differ only for parameters that skip steps (no gradient)."""
 
     def __init__(self, params: Iterable[nn.Parameter], lr: float,
@@ -279,6 +282,7 @@ class MainWeightsAdamW(torch.optim.Optimizer):
         self._step = torch.zeros((), device=device)
         self._lr, self._lr_value = torch.tensor(float(lr), device=device), float(lr)
         self._found_inf = torch.zeros((), device=device)
+        self._grad_scale = torch.ones((), device=device)
         for run in _adjacent_runs(self.bf16, lambda p: p.data):
             self._add_flat_state(run)
         fp32 = [p for p in trainable if p.dtype != torch.bfloat16]
@@ -298,6 +302,7 @@ class MainWeightsAdamW(torch.optim.Optimizer):
             self.rest.found_inf = self._found_inf
         self._trainable = trainable
         self._dynamic, self._told_found_inf = dynamic, False
+        self._scales_rest = False
         self.graphs: dict[tuple[int, ...], torch.cuda.CUDAGraph] = {}
         self._bind_update()
         self._last_key: tuple[int, ...] | None = None
@@ -358,12 +363,25 @@ class MainWeightsAdamW(torch.optim.Optimizer):
         elif self._told_found_inf:  # told before, not now: nothing to skip
             self._found_inf.zero_()
         self._told_found_inf = found_inf is not None
+        self._take_grad_scale(getattr(self, "grad_scale", None))
         self._step_once()
+
+    def _take_grad_scale(self, grad_scale: torch.Tensor | None) -> None:
+        """Into the tensor the update reads. torch's fused AdamW of the fp32 parameters
+        reads it only when told one: it then writes every gradient back, divided."""
+        if grad_scale is not None:
+            self._grad_scale.copy_(grad_scale)
+        elif self._scales_rest:
+            self._grad_scale.fill_(1.0)
+        self._scales_rest = grad_scale is not None
+        if self.rest is not None:
+            self.rest.grad_scale = self._grad_scale if self._scales_rest else None
 
     def _step_once(self) -> None:
         """Replayed from a CUDA graph once the gradients sat at the same addresses
         STEPS_BEFORE_CAPTURE steps running; eagerly until then."""
-        key = tuple(p.grad.data_ptr() if p.grad is not None else 0 for p in self._trainable)
+        key = (self._scales_rest,
+               *(p.grad.data_ptr() if p.grad is not None else 0 for p in self._trainable))
         graph = self.graphs.get(key)
         if graph is not None:
             graph.replay()
@@ -409,7 +427,7 @@ class MainWeightsAdamW(torch.optim.Optimizer):
             update = self._update if len(run) == 1 else self._update_flat
             update(*(_flat(t, n) for t in (state["main"], run[0].grad, state["exp_avg"],
                                            state["exp_avg_sq"], run[0].data)),
-                   self._lr, step_size, bias2_sqrt, self._found_inf)
+                   self._lr, step_size, bias2_sqrt, self._found_inf, self._grad_scale)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Copy a saved state into the live tensors (captured steps read them), refusing one
