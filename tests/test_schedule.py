@@ -40,9 +40,9 @@ def test_a_schedule_that_cannot_work_names_its_option(kwargs, option):
 
 
 def _config(plan, **kwargs) -> TrainConfig:
-    return TrainConfig(device="cpu", model="toyvlm", plan=plan, warmup_steps=0, lr=LR,
-                       optimizer="sgd", lr_warmup_steps=2, lr_decay="cosine", min_lr=MIN_LR,
-                       progress=False, **kwargs)
+    return TrainConfig(**{"device": "cpu", "model": "toyvlm", "plan": plan, "warmup_steps": 0,
+                          "lr": LR, "optimizer": "sgd", "lr_warmup_steps": 2,
+                          "lr_decay": "cosine", "min_lr": MIN_LR, "progress": False, **kwargs})
 
 
 def test_the_trainer_steps_each_update_at_the_schedules_rate(tmp_path):
@@ -71,23 +71,27 @@ def test_the_trainer_steps_each_update_at_the_schedules_rate(tmp_path):
     assert_state_close(state_of(result.modules), state_of(modules))
 
 
-def test_a_resumed_run_continues_on_the_same_curve(tmp_path):
+@pytest.mark.parametrize("extra", [{}, {"optimizer": "adamw", "clip_grad_norm": 0.05}],
+                         ids=["sgd", "adamw-clipped"])
+def test_a_resumed_run_continues_on_the_same_curve(tmp_path, extra):
     """The rate is a function of the step and the run's length: a run resumed from its step-3
     checkpoint steps 3-5 at the uninterrupted run's rates and ends on its weights, bit for
-    bit."""
+    bit; with AdamW clipped (the optimizer told each step's clipping divisor) too."""
     model = ToyModel("toyvlm")
     plan = one_gpu_plans(model.graph("tiny"))["free"]
     checkpoint = CheckpointConfig(directory=str(tmp_path / "ck"), every_steps=3)
     straight = train(_config(plan, steps=6, checkpoint=checkpoint,
-                             metrics_path=str(tmp_path / "straight.jsonl")), model=model)
+                             metrics_path=str(tmp_path / "straight.jsonl"), **extra), model=model)
     shutil.rmtree(tmp_path / "ck" / "step-000006")
     (tmp_path / "ck" / "latest").write_text("step-000003")
     resumed = train(_config(plan, steps=6, checkpoint=checkpoint, resume=True,
-                            metrics_path=str(tmp_path / "resumed.jsonl")), model=model)
+                            metrics_path=str(tmp_path / "resumed.jsonl"), **extra), model=model)
     rows = {name: [json.loads(line) for line in (tmp_path / f"{name}.jsonl").read_text().splitlines()]
             for name in ("straight", "resumed")}
     assert [r["step"] for r in rows["resumed"]] == [3, 4, 5]
     assert [r["lr"] for r in rows["resumed"]] == [r["lr"] for r in rows["straight"][3:]]
     assert [r["loss"] for r in rows["resumed"]] == [r["loss"] for r in rows["straight"][3:]]
+    assert ([r.get("grad_norm") for r in rows["resumed"]]
+            == [r.get("grad_norm") for r in rows["straight"][3:]])
     got, want = state_of(resumed.modules), state_of(straight.modules)
     assert all(torch.equal(got[k], want[k]) for k in want)
