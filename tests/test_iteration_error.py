@@ -65,6 +65,18 @@ def test_one_row_over_10_percent_fails(tmp_path):
     assert gate_summary(r).startswith("FAIL")
 
 
+def test_the_gate_is_also_given_per_gpu_count(tmp_path):
+    """A miss on two GPUs alone says which machine its rerun needs."""
+    with_errors(tmp_path / "bench_1.json", 0.01, -0.02)
+    with_errors(tmp_path / "bench_2.json", 0.03, -0.30, gpus=2)
+    r = iteration_error(tmp_path)
+    assert not r["passed"]
+    assert {n: (g["count"], g["passed"]) for n, g in r["by_gpus"].items()} == {
+        1: (2, True), 2: (2, False)}
+    assert gate_summary(r).endswith("by GPU count: 1 GPU PASS (2 rows, median 1.5%, max 2.0%), "
+                                    "2 GPUs FAIL (2 rows, median 16.5%, max 30.0%)")
+
+
 def test_median_over_5_percent_fails_though_every_row_is_within_10(tmp_path):
     with_errors(tmp_path / "bench.json", 0.06, -0.07, 0.02)
     r = iteration_error(tmp_path)

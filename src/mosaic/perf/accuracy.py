@@ -361,6 +361,8 @@ def iteration_error(paths_or_dir: str | Path | Iterable[str | Path], *,
             "targets": {"max_abs_error": max_error, "median_abs_error": median_error},
             "rows": rows, "not_predicted": sum(r["error"] is None for r in rows),
             "superseded": sum(bool(r["superseded"]) and r["error"] is not None for r in rows),
+            "by_gpus": {n: _gate([r for r in rows if r["gpus"] == n], max_error, median_error)
+                        for n in sorted({r["gpus"] for r in rows if r["gpus"]})},
             **_gate(rows, max_error, median_error)}
 
 
@@ -378,7 +380,18 @@ def gate_summary(result: dict[str, Any]) -> str:
             f"{result['share_within_max_error']:.0%} within {t['max_abs_error']:.0%}; "
             f"{result['not_predicted']} rows not predicted (excluded)"
             + (f", {result['superseded']} rows of superseded runs (excluded; their reruns "
-               f"are gated)" if result.get("superseded") else ""))
+               f"are gated)" if result.get("superseded") else "")
+            + _by_gpus(result.get("by_gpus") or {}))
+
+
+def _by_gpus(by_gpus: dict[int, dict[str, Any]]) -> str:
+    """The gate per GPU count, where results span several: which hardware a miss needs."""
+    if len(by_gpus) < 2:
+        return ""
+    parts = [f"{n} GPU{'s' if n > 1 else ''} {'PASS' if g['passed'] else 'FAIL'} "
+             f"({g['count']} rows, median {g['median_abs_error']:.1%}, max "
+             f"{g['max_abs_error']:.1%})" for n, g in by_gpus.items() if g["count"]]
+    return "; by GPU count: " + ", ".join(parts)
 
 
 def print_iteration_error(result: dict[str, Any], console: Any = None) -> None:
