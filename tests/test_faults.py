@@ -261,3 +261,37 @@ def test_sigterm_in_one_process_stops_after_the_step_it_reads_with_a_checkpoint(
     bare = train(_toy_config(steps=8), model=ToyModel("toyclip"))
     assert bare.summary["stopped"]["checkpoint_step"] is None
     assert len(bare.steps) < 8
+
+
+STUCK_AFTER_SIGTERM = """
+import os, signal, sys, time
+from mosaic.engine import session, trainer
+from tests.test_faults import _toy_config
+from tests.test_engine import ToyModel
+
+trainer.STOP_GRACE_MIN_S = 1.0
+os.environ["MOSAIC_FAULT"] = "hang:rank=0:step=2"
+
+def preempted_mid_compile(fault):  # the notice arrives, and the step never finishes
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(3600)
+
+session.Fault.fire = preempted_mid_compile
+trainer.train(_toy_config(steps=6), model=ToyModel("toyclip"))
+print("the run returned", flush=True)
+"""
+
+
+def test_a_run_stuck_after_sigterm_exits_as_the_signal_would():
+    """SIGTERM, then a step that never finishes (on torch 2.11 a compile whose workers the
+    group's SIGTERM ended waits for them forever): past the grace the process exits with
+    SIGTERM's status and says why, instead of hanging until it is killed."""
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": f"{root / 'src'}{os.pathsep}{root}"}
+    start = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", STUCK_AFTER_SIGTERM], env=env, cwd=root,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 143, done.stderr[-2000:]
+    assert "did not reach a step to stop after within 1 s" in done.stderr
+    assert "the run returned" not in done.stdout
+    assert time.monotonic() - start < 100

@@ -14,7 +14,9 @@ import contextlib
 import importlib.util
 import json
 import os
+import signal
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
@@ -538,6 +540,7 @@ def _loop(config: TrainConfig, model: TrainableModel, graph: MMGraph, session: R
                     metrics.flush()
                 _board_scalars(board, row)
                 bar.update(task, advance=1, loss=row["loss"], ms=1e3 * row["step_time_s"])
+                stop.step_read(row["step_time_s"])
 
             pipeline = _StepPipeline(config, graph, session, optimizer, d, fault, record, stop)
             saves = _Saves(config, session, optimizer, d, fault)
@@ -556,6 +559,7 @@ def _loop(config: TrainConfig, model: TrainableModel, graph: MMGraph, session: R
                     if config.engine.timeline and step == config.steps - 1:
                         timeline = _gather_timeline(session.runner.timeline(output), d)
                     if pipeline.stop_seen and step + 1 < config.steps:
+                        stop.agreed()
                         stopped = _stop_after(step, pipeline, saves, config, d)
                 tracer.step()
                 if stopped is not None:
@@ -582,14 +586,49 @@ def _stop_after(step: int, pipeline: _StepPipeline, saves: _Saves, config: Train
             "checkpoint_step": step + 1 if saved else None}
 
 
+STOP_GRACE_MIN_S = 60.0
+STOP_GRACE_STEPS = 4
+"""After SIGTERM a run that has not agreed on its stop within max(STOP_GRACE_MIN_S,
+STOP_GRACE_STEPS x its slowest step so far) is stuck, and exits as the default handler
+would. Found on the H200: `timeout` signals the whole process group, which ends Inductor's
+compile workers too, and torch 2.11 then waits for them forever (PyTorch PR 189290), so a
+run preempted while compiling hung instead of exiting. Most schedulers kill 30 s after
+their notice anyway; nothing is lost that a kill would keep."""
+
+
 class _StopRequest:
     """Whether this process was sent SIGTERM (a scheduler's preemption notice, torchrun
     shutting the run down). The trainer does not stop at once: each rank adds its request to
     the step's health, summed over ranks with it, so all ranks learn of it with the same step
-    and stop after that one, checkpointed."""
+    and stop after that one, checkpointed. Unless that does not happen in time
+    (STOP_GRACE_MIN_S): the process then exits with the default handler's status."""
 
     def __init__(self) -> None:
         self.requested = False
+        self.slowest_step_s = 0.0
+        self._agreed = threading.Event()
+
+    def ask(self) -> None:
+        self.requested = True
+        grace_s = max(STOP_GRACE_MIN_S, STOP_GRACE_STEPS * self.slowest_step_s)
+        threading.Thread(target=self._exit_unless_agreed, args=(grace_s,), daemon=True,
+                         name="mosaic-stop-deadline").start()
+
+    def step_read(self, seconds: float) -> None:
+        self.slowest_step_s = max(self.slowest_step_s, seconds)
+
+    def agreed(self) -> None:
+        """The ranks agreed on the step to stop after (or the loop ended): no deadline."""
+        self._agreed.set()
+
+    def _exit_unless_agreed(self, grace_s: float) -> None:
+        if self._agreed.wait(grace_s):
+            return
+        print(f"mosaic: SIGTERM: the run did not reach a step to stop after within "
+              f"{grace_s:.0f} s (a compile whose workers the signal ended never returns); "
+              "exiting without a new checkpoint: resume from the last one",
+              file=sys.stderr, flush=True)
+        os._exit(128 + signal.SIGTERM)
 
 
 @contextlib.contextmanager
@@ -599,11 +638,14 @@ def _sigterm_requests_stop():
     request = _StopRequest()
 
     def ask() -> None:
-        request.requested = True
         restore_default_sigterm()
+        request.ask()
 
-    with handling_sigterm(ask):
-        yield request
+    try:
+        with handling_sigterm(ask):
+            yield request
+    finally:
+        request.agreed()
 
 
 def _row_prefetcher(model: TrainableModel, config: TrainConfig, graph: MMGraph,
