@@ -171,6 +171,44 @@ def test_train_and_plan_choose_the_same_plan(tmp_path, gpus):
     assert got["predicted_iteration_s"] == pytest.approx(want["predicted_iteration_s"])
 
 
+@pytest.mark.parametrize("gpus", [1, 2])
+def test_plan_predicts_for_the_engine_train_runs_with_the_same_settings(gpus):
+    """`mosaic plan --compile-scope S [--bf16-weights]` reads the surfaces and engine term of
+    the GPU engine `mosaic train` runs with those settings (bf16 weights with the bf16
+    gradient reduction train requires of them on several GPUs)."""
+    from mosaic.cli import planned_engine_kind, predicted_engine_kind
+    from mosaic.engine.session import EngineConfig
+
+    for scope in ("module", "blocks"):
+        for bf16 in (False, True):
+            trained = EngineConfig(graphs=True, compile="default", compile_scope=scope,
+                                   bf16_weights=bf16, reduce_dtype="bf16" if bf16 else "fp32")
+            assert planned_engine_kind(gpus, scope, bf16) == predicted_engine_kind(
+                trained, gpus, "cuda")
+
+
+def test_the_compile_scopes_the_cli_offers_are_the_engines():
+    from mosaic.cli import CompileScopeName
+    from mosaic.engine.compile import COMPILE_SCOPES
+
+    assert tuple(CompileScopeName) == COMPILE_SCOPES
+    one_line_error(mosaic("plan", "clip", "--compile-scope", "layers"), "--compile-scope")
+
+
+def test_plan_with_bf16_weights_predicts_the_step_without_weight_casts(tmp_path):
+    args = ["plan", "unified-io-2", "--gpus", "1", "--preset", "paper", "--batch", "4",
+            "--planners", "megatron", "--json"]
+    fp32 = mosaic(*args, "--out", str(tmp_path / "fp32"))
+    bf16 = mosaic(*args, "--bf16-weights", "--compile-scope", "blocks", "--out",
+                  str(tmp_path / "bf16"))
+    assert fp32.returncode == 0 and bf16.returncode == 0, fp32.stderr + bf16.stderr
+    fp32, bf16 = json.loads(fp32.stdout), json.loads(bf16.stdout)
+    assert "blocks-scope+grads-in-graph+bf16-weights" in bf16["perf_model"]
+    step = {name: r["plans"][0]["predicted_iteration_s"] for name, r in (("fp32", fp32),
+                                                                        ("bf16", bf16))}
+    assert step["bf16"] < 0.85 * step["fp32"]
+
+
 def test_the_cli_reference_is_current():
     """docs/cli.md is generated from the commands; regenerate it with
     `mosaic cli-reference > docs/cli.md` after changing an option."""

@@ -62,7 +62,9 @@ KernelsName = StrEnum("KernelsName", {name: name for name in KERNELS})
 ProfileDbOption = Annotated[Path | None, typer.Option(
     "--profile-db", help="ProfileDB to predict from (`mosaic profile --db`; default: the one "
     "shipped for --hardware)")]
-CompileScopeOption = Annotated[str, typer.Option(
+CompileScopeName = StrEnum("CompileScopeName", {name: name for name in ("module", "blocks")})
+"""engine.compile.COMPILE_SCOPES, named here without importing torch (`mosaic plan` does not)."""
+CompileScopeOption = Annotated[CompileScopeName, typer.Option(
     help="module: one torch.compile per module | blocks: one per repeated layer (compile time "
     "independent of depth)")]
 
@@ -280,11 +282,16 @@ def plan(
     perf_model: Annotated[PerfModelName, typer.Option("--perf-model", help="auto: profiled where a "
                                                       "profile is shipped")] = PerfModelName.auto,
     profile_db: ProfileDbOption = None,
+    compile_scope: CompileScopeOption = CompileScopeName.module,
+    bf16_weights: Annotated[bool, typer.Option(
+        help="predict for `mosaic train --bf16-weights` (bf16 GEMM weights, fp32 main weights; "
+        "its gradients summed in bf16 on several GPUs) with the flat update")] = False,
     out: Annotated[Path | None, typer.Option(help="directory for plan JSON and timeline PNGs",
                                              callback=_out_dir)] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
 ) -> None:
-    """Plan MODEL on GPUS with every planner; compare predicted iteration times."""
+    """Plan MODEL on GPUS with every planner; compare predicted iteration times (for the GPU
+    engine `mosaic train` runs with the same --compile-scope and --bf16-weights)."""
     from mosaic.hardware import make_cluster
     from mosaic.planners import plan_all
 
@@ -292,9 +299,22 @@ def plan(
     graph = load_graph(model, str(preset), batch)
     _check_gpus_useful(gpus, graph)
     out = check_out_dir(out or Path("runs") / f"plan-{graph.name}-{gpus}")
-    perf = load_perf_model(str(perf_model), cluster, str(preset), profile_db)
+    perf = load_perf_model(str(perf_model), cluster, str(preset), profile_db,
+                           engine=planned_engine_kind(gpus, str(compile_scope), bf16_weights))
     plans = plan_all(graph, cluster, perf, _planner_names(planners))
     _emit_plans(plans, graph, perf, out, str(hardware), as_json)
+
+
+def planned_engine_kind(gpus: int, compile_scope: str = "module",
+                        bf16_weights: bool = False) -> str:
+    """The engine kind `mosaic plan` predicts for: the GPU engine `mosaic train` runs with
+    these settings (with bf16 weights, data-parallel gradients summed in bf16, which train
+    requires of them; the flat update)."""
+    from mosaic.perf.engine_term import GPU_ENGINE, engine_kind
+
+    return engine_kind({**GPU_ENGINE, "compile_scope": compile_scope, "bf16_weights": bf16_weights,
+                        "reduce_dtype": "bf16" if bf16_weights else GPU_ENGINE["reduce_dtype"]},
+                       gpus)
 
 
 def _emit_plans(plans, graph, perf, out: Path, hardware: str, as_json: bool) -> None:
@@ -448,7 +468,7 @@ def train(
                                                       "profile is shipped")] = PerfModelName.auto,
     profile_db: ProfileDbOption = None,
     compile_mode: Annotated[str, typer.Option("--compile", help="Inductor per module: auto (default on a GPU, none on a CPU) | default | max-autotune-gemm | max-autotune-no-cudagraphs | none")] = "auto",
-    compile_scope: CompileScopeOption = "module",
+    compile_scope: CompileScopeOption = CompileScopeName.module,
     grad_sync: Annotated[str, typer.Option(help="flat | ddp | bucketed: one flat gradient buffer per module and one all-reduce (fastest measured), DDP per module, or the old bucketed all-reduce")] = "flat",
     reduce_dtype: Annotated[str, typer.Option(help="gradient all-reduce precision: fp32 | bf16")] = "fp32",
     grads_in_graph: Annotated[bool, typer.Option(help="with graphs: each backward graph adds its "
@@ -534,7 +554,7 @@ def train(
         # A CPU has no CUDA graphs, and compile time dominates its brief runs; graphs are
         # captured after the first (eager) step, so a one-step run never replays them.
         engine = EngineConfig(graphs=graphs and d.device.type == "cuda" and steps > 1,
-                              compile=_compile_mode(compile_mode), compile_scope=compile_scope,
+                              compile=_compile_mode(compile_mode), compile_scope=str(compile_scope),
                               grad_sync=grad_sync,
                               reduce_dtype=reduce_dtype, grads_in_graph=grads_in_graph,
                               accumulation=accumulation, bf16_weights=bf16_weights,
@@ -785,7 +805,7 @@ def bench(
     warmup: Annotated[int, typer.Option(help="untimed steps per plan first")] = 5,
     graphs: Annotated[bool, typer.Option(help="per-module CUDA graphs")] = True,
     compile_mode: Annotated[str, typer.Option("--compile", help="Inductor per module before capture: auto (default on a GPU, none on CPU) | default | max-autotune-gemm (GEMMs tuned) | max-autotune-no-cudagraphs | none")] = "auto",
-    compile_scope: CompileScopeOption = "module",
+    compile_scope: CompileScopeOption = CompileScopeName.module,
     grad_sync: Annotated[str, typer.Option(help="flat | ddp | bucketed: one flat gradient buffer per module and one all-reduce (fastest measured), DDP per module, or the old bucketed all-reduce")] = "flat",
     reduce_dtype: Annotated[str, typer.Option(help="gradient all-reduce precision: fp32 | bf16")] = "fp32",
     grads_in_graph: Annotated[bool, typer.Option(help="with graphs: each backward graph adds its "
@@ -853,7 +873,7 @@ def bench(
     users = tuple(n.strip() for n in user_programs.split(",") if n.strip() not in ("", "none"))
     config = BenchConfig(rounds=rounds, steps_per_round=steps_per_round, warmup_steps=warmup,
                          engine=EngineConfig(graphs=graphs, compile=_compile_mode(compile_mode),
-                                             compile_scope=compile_scope,
+                                             compile_scope=str(compile_scope),
                                              grad_sync=grad_sync, reduce_dtype=reduce_dtype,
                                              grads_in_graph=grads_in_graph,
                                              accumulation=accumulation),
