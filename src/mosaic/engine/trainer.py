@@ -601,18 +601,20 @@ class _StopRequest:
     shutting the run down). The trainer does not stop at once: each rank adds its request to
     the step's health, summed over ranks with it, so all ranks learn of it with the same step
     and stop after that one, checkpointed. Unless that does not happen in time
-    (STOP_GRACE_MIN_S): the process then exits with the default handler's status."""
+    (STOP_GRACE_MIN_S): the process then exits with the default handler's status. The
+    deadline's thread starts with the loop, not in the signal handler (which may interrupt
+    the main thread inside threading's own locks)."""
 
     def __init__(self) -> None:
         self.requested = False
         self.slowest_step_s = 0.0
-        self._agreed = threading.Event()
+        self._asked, self._agreed = threading.Event(), threading.Event()
+        threading.Thread(target=self._exit_unless_agreed, daemon=True,
+                         name="mosaic-stop-deadline").start()
 
     def ask(self) -> None:
         self.requested = True
-        grace_s = max(STOP_GRACE_MIN_S, STOP_GRACE_STEPS * self.slowest_step_s)
-        threading.Thread(target=self._exit_unless_agreed, args=(grace_s,), daemon=True,
-                         name="mosaic-stop-deadline").start()
+        self._asked.set()
 
     def step_read(self, seconds: float) -> None:
         self.slowest_step_s = max(self.slowest_step_s, seconds)
@@ -620,8 +622,11 @@ class _StopRequest:
     def agreed(self) -> None:
         """The ranks agreed on the step to stop after (or the loop ended): no deadline."""
         self._agreed.set()
+        self._asked.set()  # ends the thread
 
-    def _exit_unless_agreed(self, grace_s: float) -> None:
+    def _exit_unless_agreed(self) -> None:
+        self._asked.wait()
+        grace_s = max(STOP_GRACE_MIN_S, STOP_GRACE_STEPS * self.slowest_step_s)
         if self._agreed.wait(grace_s):
             return
         print(f"mosaic: SIGTERM: the run did not reach a step to stop after within "
