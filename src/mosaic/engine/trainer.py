@@ -590,9 +590,10 @@ STOP_GRACE_MIN_S = 60.0
 STOP_GRACE_STEPS = 4
 """After SIGTERM a run that has not agreed on its stop within max(STOP_GRACE_MIN_S,
 STOP_GRACE_STEPS x its slowest step so far) is stuck, and exits as the default handler
-would. Found on the H200: `timeout` signals the whole process group, which ends Inductor's
-compile workers too, and torch 2.11 then waits for them forever (PyTorch PR 189290), so a
-run preempted while compiling hung instead of exiting. Most schedulers kill 30 s after
+would. On the H200 a GPU test outlived `timeout`'s SIGTERM by 400 s, most likely so:
+`timeout` signals the whole process group, which ends Inductor's compile workers too, and
+torch 2.11 then waits for them forever (PyTorch PR 189290), while the trainer, taking the
+signal as a request to stop after a step, never gets there. Most schedulers kill 30 s after
 their notice anyway; nothing is lost that a kill would keep."""
 
 
