@@ -436,7 +436,7 @@ def _latest_runs(results: Path) -> dict[str | None, Runs]:
     plan (a variant measured on a baseline's plan alone). Under None every such run; under
     BF16_MOSAIC and AUTOTUNE only the runs that measured that label, for a column the newest
     run may lack (one pass over the files for all three)."""
-    from mosaic.perf.results import superseded
+    from mosaic.perf.results import superseded, without_superseded_rows
 
     def rank(report: dict[str, Any]) -> tuple[bool, bool, str]:
         one_step = report.get("engine", {}).get("accumulation", 1) == 1
@@ -444,7 +444,7 @@ def _latest_runs(results: Path) -> dict[str | None, Runs]:
 
     latest: dict[str | None, Runs] = {None: {}, BF16_MOSAIC: {}, AUTOTUNE: {}}
     for path in _result_files(results, "."):
-        report = load(path)
+        report = without_superseded_rows(load(path), path)
         if not _compiled_one_gpu(report) or superseded(path) or not report.get("complete", True):
             continue
         plans = by_planner(report)

@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 
 from mosaic.cli import app
 from mosaic.perf.accuracy import gate_summary, iteration_error
-from mosaic.perf.results import BenchResultsError
+from mosaic.perf.results import BenchResultsError, superseded, without_superseded_rows
 
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
 
@@ -141,9 +141,26 @@ def test_a_star_entry_supersedes_every_run_of_its_directory(tmp_path):
     assert r["count"] == 1 and r["superseded"] == 2 and r["passed"]
 
 
+def test_an_entry_with_labels_supersedes_those_contenders_alone(tmp_path):
+    """A variant whose code changed is measured again; the run's other contenders stand."""
+    with_errors(tmp_path / "old" / "bench.json", 0.30, 0.01)
+    with_errors(tmp_path / "rerun" / "bench.json", 0.03)
+    supersede(tmp_path / "old", {"bench.json": {"by": "../rerun/bench.json", "why": "kernel",
+                                                "labels": ["p0"]}})
+    r = iteration_error(tmp_path)
+    assert [bool(row["superseded"]) for row in r["rows"]] == [True, False, False]
+    assert r["count"] == 2 and r["superseded"] == 1 and r["passed"]
+    old = tmp_path / "old" / "bench.json"
+    assert superseded(old) is None and superseded(old, "p1") is None
+    assert superseded(old, "p0")["why"] == "kernel"
+    kept = without_superseded_rows(json.loads(old.read_text()), old)
+    assert [row["planner"] for row in kept["results"]] == ["p1"]
+
+
 @pytest.mark.parametrize("entries, needle", [
     ({"bench.json": {"by": "../nowhere.json", "why": "x"}}, "does not exist"),
     ({"bench.json": {"why": "no rerun named"}}, 'needs "by"'),
+    ({"bench.json": {"by": ".", "why": "x", "labels": []}}, "non-empty list"),
     ("{broken", "not readable JSON"),
 ])
 def test_a_bad_superseded_file_names_the_fix(tmp_path, entries, needle):

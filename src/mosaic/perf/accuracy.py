@@ -307,10 +307,10 @@ ITERATION_MEDIAN_ERROR = 0.05
 
 
 def _iteration_rows(name: str, report: dict[str, Any], repredict: Any = None,
-                    replaced: dict[str, str] | None = None) -> list[dict[str, Any]]:
+                    path: Path | None = None) -> list[dict[str, Any]]:
     """One row per measured plan; a row without a prediction (user-program baselines such as
     torch-eager / torch-compile) keeps predicted_s and error None and stays out of the gate,
-    as does every row of a superseded run (`replaced`: results.superseded)."""
+    as does every superseded row (the results file at `path`: results.superseded)."""
     rows = []
     for r in report["results"]:
         if not isinstance(r, dict) or not r.get("measured_iteration_s"):
@@ -324,7 +324,7 @@ def _iteration_rows(name: str, report: dict[str, Any], repredict: Any = None,
                      "gpus": report.get("gpus"), "global_batch": report.get("global_batch"),
                      "planner": r.get("planner"), "predicted_s": predicted, "measured_s": measured,
                      "error": None if predicted is None else predicted / measured - 1,
-                     "superseded": replaced})
+                     "superseded": superseded(path, r.get("planner")) if path else None})
     return rows
 
 
@@ -355,7 +355,7 @@ def iteration_error(paths_or_dir: str | Path | Iterable[str | Path], *,
     files = bench_result_files(paths_or_dir)
     for name, path in files:
         rows += _iteration_rows(name, load_bench_result(path) or {"results": []}, repredict,
-                                superseded(path))
+                                path)
     return {"files": [name for name, _ in files],
             "predictions": "recorded" if repredict is None else "today's model",
             "targets": {"max_abs_error": max_error, "median_abs_error": median_error},

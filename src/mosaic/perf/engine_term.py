@@ -28,7 +28,13 @@ from scipy.optimize import least_squares
 
 from mosaic.errors import MosaicError
 from mosaic.graph import MMGraph
-from mosaic.perf.results import bench_result_files, graph_of, load_bench_result, superseded
+from mosaic.perf.results import (
+    bench_result_files,
+    graph_of,
+    load_bench_result,
+    superseded,
+    without_superseded_rows,
+)
 from mosaic.plan import Plan, PlanError
 from mosaic.profile.db import TUNED_MODES, FitRecord, ProfileDB, kernels_label
 
@@ -258,7 +264,7 @@ def rows_from_results(paths: str | Path | Iterable[str | Path],
     for name, path in bench_result_files(paths):
         if superseded(path):
             continue
-        report = load_bench_result(path) or {}
+        report = without_superseded_rows(load_bench_result(path) or {}, path)
         if repredict is None and not str(report.get("perf_model", "")).startswith("profiled"):
             continue
         graph = graph_of(report, graphs)

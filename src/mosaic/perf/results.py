@@ -11,7 +11,7 @@ from typing import Any
 from mosaic.errors import MosaicError
 
 __all__ = ["BenchResultsError", "SUPERSEDED_FILE", "bench_result_files", "graph_of",
-           "load_bench_result", "superseded"]
+           "load_bench_result", "superseded", "without_superseded_rows"]
 
 
 class BenchResultsError(MosaicError):
@@ -37,13 +37,17 @@ def load_bench_result(path: str | Path) -> dict[str, Any] | None:
 
 SUPERSEDED_FILE = "superseded.json"
 """In a results directory: {file name or "*": {"by": the rerun's path relative to the directory,
-"why": what changed}}. A run of an engine or zoo that has changed since, measured again."""
+"why": what changed, optionally "labels": [contender labels]}}. A run of an engine or zoo that
+has changed since, measured again; with "labels", only those contenders' rows (a variant whose
+code changed), the run's other rows standing."""
 
 
-def superseded(path: str | Path) -> dict[str, str] | None:
-    """{"by", "why"} when its directory's superseded.json names this results file (or "*"),
-    else None. The iteration gate lists such rows but does not judge today's model by them:
-    they measured code that no longer runs. Only a rerun that exists can supersede a run."""
+def superseded(path: str | Path, label: str | None = None) -> dict[str, Any] | None:
+    """{"by", "why"} when its directory's superseded.json names this results file (or "*") and,
+    if the entry lists "labels", `label` is one of them (no `label`: the file as a whole, which
+    such an entry leaves standing); else None. The iteration gate lists such rows but does not
+    judge today's model by them: they measured code that no longer runs. Only a rerun that
+    exists can supersede a run."""
     path = Path(path)
     marker = path.parent / SUPERSEDED_FILE
     if not marker.is_file():
@@ -55,14 +59,31 @@ def superseded(path: str | Path) -> dict[str, str] | None:
     entry = entries.get(path.name, entries.get("*")) if isinstance(entries, dict) else None
     if entry is None:
         return None
-    if not isinstance(entry, dict) or not entry.get("by") or not entry.get("why"):
-        raise BenchResultsError(f'{marker}: the entry for {path.name} needs "by" (the rerun that '
-                                f'replaces it) and "why" (what changed)')
-    if not (path.parent / entry["by"]).exists():
-        raise BenchResultsError(f'{marker}: "by" of {path.name} is {entry["by"]}, which does not '
-                                f"exist: name the rerun's file or directory, relative to "
-                                f"{path.parent}")
+    _check_entry(marker, path.name, entry)
+    if "labels" in entry and label not in entry["labels"]:
+        return None
     return {"by": str(entry["by"]), "why": str(entry["why"])}
+
+
+def _check_entry(marker: Path, name: str, entry: Any) -> None:
+    if not isinstance(entry, dict) or not entry.get("by") or not entry.get("why"):
+        raise BenchResultsError(f'{marker}: the entry for {name} needs "by" (the rerun that '
+                                f'replaces it) and "why" (what changed)')
+    labels = entry.get("labels", [""])
+    if not (isinstance(labels, list) and labels and all(isinstance(x, str) for x in labels)):
+        raise BenchResultsError(f'{marker}: "labels" of {name} must be a non-empty list of the '
+                                "superseded contenders' labels (or left out: the whole run)")
+    if not (marker.parent / entry["by"]).exists():
+        raise BenchResultsError(f'{marker}: "by" of {name} is {entry["by"]}, which does not '
+                                f"exist: name the rerun's file or directory, relative to "
+                                f"{marker.parent}")
+
+
+def without_superseded_rows(report: dict[str, Any], path: str | Path) -> dict[str, Any]:
+    """`report` without the rows of contenders that superseded.json lists by label."""
+    rows = [r for r in report.get("results", [])
+            if not (isinstance(r, dict) and superseded(path, r.get("planner")))]
+    return report if len(rows) == len(report.get("results", [])) else {**report, "results": rows}
 
 
 def bench_result_files(paths_or_dir: str | Path | Iterable[str | Path]) -> list[tuple[str, Path]]:
