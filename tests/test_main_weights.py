@@ -88,6 +88,26 @@ def _grads(params, step):
     return [torch.randn(p.shape, generator=generator) for p in params]
 
 
+def test_each_weight_length_gets_a_kernel_of_its_own_until_the_process_budget(monkeypatch):
+    """A kernel compiled for one length is autotuned on that length, whatever ran first; past
+    MAX_STATIC_KERNELS lengths in the process (Dynamo's recompile limit counts them all), new
+    lengths share the kernel for every length, and lengths seen before keep theirs."""
+    monkeypatch.setattr(main_weights, "_STATIC_LENGTHS", set())
+    monkeypatch.setattr(main_weights, "MAX_STATIC_KERNELS", 3)
+    weights = [nn.Parameter(torch.zeros(n, dtype=torch.bfloat16)) for n in (4, 5, 6, 7, 4)]
+    optimizer = MainWeightsAdamW(weights, lr=1e-3)
+    one, any_length = optimizer._update_one_length, optimizer._update_any_length
+    assert one is not any_length
+    assert [optimizer._kernel(w.numel()) for w in weights] == [one, one, one, any_length, one]
+    assert optimizer._kernel(5) is one and optimizer._kernel(8) is any_length
+    other = MainWeightsAdamW([nn.Parameter(torch.zeros(4, dtype=torch.bfloat16))], lr=1e-3,
+                             weight_decay=0.1)  # other constants: a kernel of its own, if room
+    assert other._kernel(4) is other._update_any_length  # the budget is the process's
+    fixed = MainWeightsAdamW([nn.Parameter(torch.zeros(9, dtype=torch.bfloat16))], lr=1e-3,
+                             dynamic=False)
+    assert fixed._kernel(9) is fixed._update_one_length
+
+
 def test_the_per_weight_kernel_is_tuned_on_a_large_update_of_zeros_before_its_first_weight():
     """Inductor sizes and autotunes a kernel's blocks on its first call, so the one kernel for
     every weight's length is first called on TUNING_LENGTH zeros, once, marked with their

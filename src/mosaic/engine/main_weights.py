@@ -19,9 +19,10 @@ weights: little traffic, many tensors) stay fp32 under torch's fused AdamW.
 On CUDA the update is one Inductor kernel, launched once per module: a module's bf16 weights
 lie end to end in one buffer, their gradients in the engine's flat gradient buffer and their
 states in flat buffers laid out alike (one launch over the module streamed 4.0-4.1 TB/s on the
-H200). Where the gradients stay where the backward left them, it is launched once per weight
-(one kernel for every length, tuned on a large one: TUNING_LENGTH; 3.8-4.2 TB/s from 1 M
-elements on). That update and fused AdamW's of the fp32 parameters are
+H200). Where the gradients stay where the backward left them, it is launched once per weight,
+a kernel compiled for each length (a model's weights come in 5-15 lengths), so each is
+autotuned on its own length (3.8-5.1 TB/s from 1 M elements on); past MAX_STATIC_KERNELS
+lengths, one kernel for every length, tuned on a large one (TUNING_LENGTH). That update and fused AdamW's of the fp32 parameters are
 captured as one CUDA graph once the gradients sit at the same addresses a few steps running
 (the engine's backward graphs write them in place): the host launches one graph.
 """
@@ -51,9 +52,19 @@ MAX_GRAPHS = 32
 their gradients at addresses of their own (training keeps one layout). A bench times every
 planner's plan and its variants with the one optimizer: past this many, the later ones would
 update eagerly while timed. A layout is captured only after repeating three steps running."""
+MAX_STATIC_KERNELS = 48
+"""Update kernels compiled for one length each in a process (every optimizer's, every
+hyperparameter set's), below Dynamo's recompile limit (compile.RECOMPILE_LIMIT), which counts
+every compiled variant of the update's function. One kernel for all lengths was autotuned on
+whichever call came first: in a bench of Unified-IO 2 `paper` on the H200 (2026-12-04) it
+streamed about 2.5 TB/s even after its tuning call on TUNING_LENGTH zeros (87.3 ms a step
+against 71.8 the day before), while kernels of one length each, as the flat update's, ran
+at their rate in every bench."""
+_STATIC_LENGTHS: set[tuple[Any, ...]] = set()
+"""(hyperparameters, length) of the update kernels compiled for one length so far."""
 TUNING_LENGTH = 1 << 24
-"""The length the one per-weight update kernel is compiled and autotuned on, before any
-weight. Inductor picks a pointwise kernel's blocks from the length its first call saw, and
+"""The length the update kernel for every length (past MAX_STATIC_KERNELS) is compiled and
+autotuned on, before any weight. Inductor picks a pointwise kernel's blocks from the length its first call saw, and
 autotunes them on that call: a kernel first called on a 65536-element weight streamed
 3.4 TB/s on the H200 for every larger one, one first called on 16M elements 4.0 TB/s
 (benchmarks/update_size_hint.py)."""
@@ -343,9 +354,21 @@ class MainWeightsAdamW(torch.optim.Optimizer):
         with another kernel are dropped)."""
         group = self.param_groups[0]
         constants = (self._step.device.type, *group["betas"], group["eps"], group["weight_decay"])
-        self._update = _update_fn(*constants, self._dynamic)
-        self._update_flat = _update_fn(*constants, False)  # a few sizes: one per module
+        self._constants = constants
+        self._update_any_length = _update_fn(*constants, True) if self._dynamic else None
+        self._update_one_length = _update_fn(*constants, False)
         self.graphs = {}
+
+    def _kernel(self, length: int):
+        """The update compiled for `length` alone while the process has compiled fewer than
+        MAX_STATIC_KERNELS such kernels (or the optimizer was built with dynamic=False), else
+        the one kernel for every length."""
+        key = (*self._constants, length)
+        if (self._update_any_length is None or key in _STATIC_LENGTHS
+                or len(_STATIC_LENGTHS) < MAX_STATIC_KERNELS):
+            _STATIC_LENGTHS.add(key)
+            return self._update_one_length
+        return self._update_any_length
 
     @property
     def mains(self) -> list[torch.Tensor]:
@@ -424,10 +447,10 @@ class MainWeightsAdamW(torch.optim.Optimizer):
         for run in self.launch_runs():
             state = self.state[run[0]]
             n = sum(p.numel() for p in run)
-            update = self._update if len(run) == 1 else self._update_flat
-            update(*(_flat(t, n) for t in (state["main"], run[0].grad, state["exp_avg"],
-                                           state["exp_avg_sq"], run[0].data)),
-                   self._lr, step_size, bias2_sqrt, self._found_inf, self._grad_scale)
+            tensors = (state["main"], run[0].grad, state["exp_avg"], state["exp_avg_sq"],
+                       run[0].data)
+            self._kernel(n)(*(_flat(t, n) for t in tensors), self._lr, step_size, bias2_sqrt,
+                            self._found_inf, self._grad_scale)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Copy a saved state into the live tensors (captured steps read them), refusing one
