@@ -80,6 +80,30 @@ def test_the_per_weight_kernel_is_one_graph_for_every_length_after_its_tuning_ca
     assert counters["stats"]["unique_graphs"] - before == 1
 
 
+def test_weights_a_weight_at_a_time_get_a_kernel_per_length_and_update_as_on_the_cpu():
+    """Each length compiles its own kernel (autotuned on that length), a repeated length
+    reuses it, and the steps move the weights as the CPU's eager update does."""
+    from torch._dynamo.utils import counters
+
+    lengths, weight_decay = (12345, 23456, 34567, 12345), 0.0123  # constants of its own
+    runs = {}
+    for device in ("cpu", "cuda"):
+        torch.manual_seed(0)
+        weights = [nn.Parameter(torch.randn(n).bfloat16().to(device)) for n in lengths]
+        optimizer = MainWeightsAdamW(weights, lr=1e-3, weight_decay=weight_decay)
+        before = counters["stats"]["unique_graphs"]
+        for step in range(3):
+            torch.manual_seed(step)
+            for w in weights:
+                w.grad = torch.randn(w.shape).bfloat16().to(device)
+            optimizer.step()
+        if device == "cuda":
+            assert counters["stats"]["unique_graphs"] - before == len(set(lengths))
+        runs[device] = [m.cpu() for m in optimizer.mains]
+    for got, want in zip(runs["cuda"], runs["cpu"], strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
 def test_a_module_updated_in_one_launch_on_the_gpu_as_on_the_cpu():
     """The weights of a module end to end (cast_weights_bf16), their gradients in a flat
     buffer rewritten in place: one compiled launch per module, captured, as the CPU's."""
