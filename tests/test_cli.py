@@ -185,6 +185,10 @@ def test_plan_predicts_for_the_engine_train_runs_with_the_same_settings(gpus):
                                    bf16_weights=bf16, reduce_dtype="bf16" if bf16 else "fp32")
             assert planned_engine_kind(gpus, scope, bf16) == predicted_engine_kind(
                 trained, gpus, "cuda")
+    per_weight = EngineConfig(graphs=True, compile="default", bf16_weights=True,
+                              reduce_dtype="bf16", bf16_flat_grads=False)
+    assert planned_engine_kind(gpus, "module", True, per_weight_update=True) == (
+        predicted_engine_kind(per_weight, gpus, "cuda"))
 
 
 def test_the_compile_scopes_the_cli_offers_are_the_engines():
@@ -207,6 +211,12 @@ def test_plan_with_bf16_weights_predicts_the_step_without_weight_casts(tmp_path)
     step = {name: r["plans"][0]["predicted_iteration_s"] for name, r in (("fp32", fp32),
                                                                         ("bf16", bf16))}
     assert step["bf16"] < 0.85 * step["fp32"]
+    # The shipped profile's updates: train would update this plan a weight at a time (a
+    # note with that prediction, below the flat update's); without bf16 weights, no note.
+    assert fp32["notes"] == []
+    (note,) = bf16["notes"]
+    assert note.startswith("megatron: `mosaic train --bf16-weights` updates this plan a weight")
+    assert float(note.rsplit(" ", 2)[-2]) < step["bf16"] * 1e3
 
 
 def test_the_cli_reference_is_current():

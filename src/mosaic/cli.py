@@ -285,7 +285,8 @@ def plan(
     compile_scope: CompileScopeOption = CompileScopeName.module,
     bf16_weights: Annotated[bool, typer.Option(
         help="predict for `mosaic train --bf16-weights` (bf16 GEMM weights, fp32 main weights; "
-        "its gradients summed in bf16 on several GPUs) with the flat update")] = False,
+        "its gradients summed in bf16 on several GPUs) with the flat update; a note names the "
+        "plans train would update a weight at a time, with their prediction so")] = False,
     out: Annotated[Path | None, typer.Option(help="directory for plan JSON and timeline PNGs",
                                              callback=_out_dir)] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
@@ -299,37 +300,60 @@ def plan(
     graph = load_graph(model, str(preset), batch)
     _check_gpus_useful(gpus, graph)
     out = check_out_dir(out or Path("runs") / f"plan-{graph.name}-{gpus}")
-    perf = load_perf_model(str(perf_model), cluster, str(preset), profile_db,
-                           engine=planned_engine_kind(gpus, str(compile_scope), bf16_weights))
+    def perf_for(per_weight: bool = False):
+        return load_perf_model(str(perf_model), cluster, str(preset), profile_db,
+                               engine=planned_engine_kind(gpus, str(compile_scope), bf16_weights,
+                                                          per_weight))
+
+    perf = perf_for()
     plans = plan_all(graph, cluster, perf, _planner_names(planners))
-    _emit_plans(plans, graph, perf, out, str(hardware), as_json)
+    notes = _update_layout_notes(plans, graph, perf, perf_for) if bf16_weights else []
+    _emit_plans(plans, graph, perf, out, str(hardware), as_json, notes)
+
+
+def _update_layout_notes(plans, graph, perf, perf_for) -> list[str]:
+    """For each plan that `mosaic train --bf16-weights` would update a weight at a time
+    (predicted_update_layout's choice), its prediction so."""
+    notes, per_weight_perf = [], None
+    for plan in plans:
+        saving = per_weight_saving_s(plan, graph, perf)
+        if saving is None:
+            continue
+        per_weight_perf = per_weight_perf or perf_for(per_weight=True)
+        notes.append(f"{plan.planner}: `mosaic train --bf16-weights` updates this plan a weight at a "
+                     f"time (predicted {saving * 1e3:.2f} ms a step faster than the flat update):"
+                     f" {per_weight_perf.iteration_time_s(plan, graph) * 1e3:.2f} ms")
+    return notes
 
 
 def planned_engine_kind(gpus: int, compile_scope: str = "module",
-                        bf16_weights: bool = False) -> str:
+                        bf16_weights: bool = False, per_weight_update: bool = False) -> str:
     """The engine kind `mosaic plan` predicts for: the GPU engine `mosaic train` runs with
     these settings (with bf16 weights, data-parallel gradients summed in bf16, which train
-    requires of them; the flat update)."""
+    requires of them; the flat update unless `per_weight_update`)."""
     from mosaic.perf.engine_term import GPU_ENGINE, engine_kind
 
     return engine_kind({**GPU_ENGINE, "compile_scope": compile_scope, "bf16_weights": bf16_weights,
-                        "reduce_dtype": "bf16" if bf16_weights else GPU_ENGINE["reduce_dtype"]},
-                       gpus)
+                        "reduce_dtype": "bf16" if bf16_weights else GPU_ENGINE["reduce_dtype"],
+                        "bf16_flat_grads": not per_weight_update}, gpus)
 
 
-def _emit_plans(plans, graph, perf, out: Path, hardware: str, as_json: bool) -> None:
-    """Plan JSON, Gantt PNG and trace per plan into `out`; the summary as a table or JSON."""
+def _emit_plans(plans, graph, perf, out: Path, hardware: str, as_json: bool,
+                notes: list[str] | None = None) -> None:
+    """Plan JSON, Gantt PNG and trace per plan into `out`; the summary as a table or JSON,
+    with `notes` (in JSON: "notes")."""
     from mosaic.report.plans import plans_summary, write_plan_artifacts
     from mosaic.report.tables import print_plan_table
 
     files = write_plan_artifacts(plans, graph, perf, out)
     summary = plans_summary(plans, graph, perf, files, hardware=hardware)
     summary["coverage"] = _coverage(plans, graph, perf)
+    summary["notes"] = notes or []
     if as_json:
         typer.echo(json.dumps(summary, indent=2))
         return
     print_plan_table(summary)
-    for note in summary["coverage"]:
+    for note in summary["coverage"] + summary["notes"]:
         typer.echo(f"note: {note}")
 
 
@@ -659,16 +683,25 @@ def predicted_update_layout(plan, graph, perf, engine):
     the modules' measured updates) predicts it PER_WEIGHT_MARGIN of a step faster than the
     flat one, on one GPU without accumulation (where the layouts were measured); else as
     given. Also a line saying so, or None."""
-    extra_of = getattr(perf, "per_weight_extra_s", None)
-    if extra_of is None or plan.num_gpus != 1 or engine.accumulation != 1:
+    saving = per_weight_saving_s(plan, graph, perf) if engine.accumulation == 1 else None
+    if saving is None:
         return engine, None
-    extra, step = extra_of(plan, graph), perf.iteration_time_s(plan, graph)
-    if extra > -PER_WEIGHT_MARGIN * step:
-        return engine, None
+    step = perf.iteration_time_s(plan, graph)
     return dataclasses.replace(engine, bf16_flat_grads=False), (
-        f"bf16 update: a weight at a time, predicted {-extra * 1e3:.2f} ms a step faster than "
-        f"the flat one ({-extra / step:.1%}) from each module's measured update; "
+        f"bf16 update: a weight at a time, predicted {saving * 1e3:.2f} ms a step faster than "
+        f"the flat one ({saving / step:.1%}) from each module's measured update; "
         "--bf16-flat-grads keeps the flat one")
+
+
+def per_weight_saving_s(plan, graph, perf) -> float | None:
+    """Seconds a step that updating bf16 weights a weight at a time is predicted to save over
+    the flat update, where `perf` (a profiled model with the modules' measured updates)
+    predicts at least PER_WEIGHT_MARGIN of the step on one GPU; else None."""
+    extra_of = getattr(perf, "per_weight_extra_s", None)
+    if extra_of is None or plan.num_gpus != 1:
+        return None
+    extra = extra_of(plan, graph)
+    return -extra if extra <= -PER_WEIGHT_MARGIN * perf.iteration_time_s(plan, graph) else None
 
 
 def _say_trained(result, data) -> None:
