@@ -2,13 +2,14 @@
 # One H200, one device call, results under $1: every GPU test file (`pytest -m gpu tests/gpu`),
 # with the slowest durations, under a hard limit. `timeout -k 10` kills what SIGTERM leaves
 # alive: Inductor's compile workers can outlive it (BENCHMARKS.md, twenty-fifth session).
-# LIMIT (s, default 540) bounds the pytest run; extra arguments go to pytest (e.g. -k nccl).
+# LIMIT (s, default 540) bounds the pytest run; TESTS (default tests/gpu) names the files;
+# extra arguments go to pytest (e.g. -k nccl).
 set -u
 OUT=${1:?usage: gpu_tests_h200.sh OUT [PYTEST_ARGS...]}
 shift
 mkdir -p "$OUT"
 export PYTHONPATH=src PYTHONUNBUFFERED=1
-timeout -k 10 "${LIMIT:-540}" python -m pytest -m gpu -q -p no:cacheprovider tests/gpu \
+timeout -k 10 "${LIMIT:-540}" python -m pytest -m gpu -q -p no:cacheprovider ${TESTS:-tests/gpu} \
   --durations 15 "$@" > "$OUT/gpu_tests.log" 2>&1
 echo "gpu tests rc=$?"; grep -E "passed|failed|^FAILED|^ERROR|skipped" "$OUT/gpu_tests.log" | tail -n 14
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader

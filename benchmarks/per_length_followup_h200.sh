@@ -10,7 +10,7 @@ set -u
 OUT=${1:?usage: per_length_followup_h200.sh OUT}
 mkdir -p "$OUT"
 export PYTHONPATH=src PYTHONUNBUFFERED=1
-LIMIT=300 bash benchmarks/gpu_tests_h200.sh "$OUT" tests/gpu/test_main_weights_gpu.py \
+LIMIT=300 TESTS=tests/gpu/test_main_weights_gpu.py bash benchmarks/gpu_tests_h200.sh "$OUT" \
   | head -n 16
 timeout -k 10 180 python -m mosaic train unified-io-2 --preset paper --batch 4 --bf16-weights \
   --compile-scope blocks --steps 40 --out /tmp/train-u2 > "$OUT/train_u2.log" 2>&1
