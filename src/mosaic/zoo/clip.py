@@ -4,7 +4,14 @@ aligned by a contrastive head. No Table 1 row: `paper` is OpenAI's ViT-B/16 at 2
 from __future__ import annotations
 
 from mosaic.zoo.base import Preset, ZooModel
-from mosaic.zoo.configs import ContrastiveConfig, TextConfig, TokenOutput, VisionConfig
+from mosaic.zoo.configs import (
+    TINY_BLOCKS,
+    ContrastiveConfig,
+    TextConfig,
+    TokenOutput,
+    VisionConfig,
+    vit_blocks,
+)
 
 POOLED = TokenOutput(pooled=True)
 
@@ -22,52 +29,22 @@ def _preset(
 PAPER = _preset(
     "paper",
     32,
-    vision=VisionConfig(
-        num_layers=12,
-        hidden_dim=768,
-        num_heads=12,
-        mlp_dim=3072,
-        image_size=224,
-        patch_size=16,
-        output=POOLED,
-    ),
-    text=TextConfig(
-        num_layers=12, hidden_dim=512, num_heads=8, mlp_dim=2048, vocab_size=49408, seq_len=77
-    ),
+    vision=VisionConfig(**vit_blocks(12, 768), image_size=224, patch_size=16, output=POOLED),
+    text=TextConfig(**vit_blocks(12, 512), vocab_size=49408, seq_len=77),
     embed_dim=512,
 )
 SMALL = _preset(
     "small",
     32,
-    vision=VisionConfig(
-        num_layers=8,
-        hidden_dim=512,
-        num_heads=8,
-        mlp_dim=2048,
-        image_size=224,
-        patch_size=16,
-        output=POOLED,
-    ),
-    text=TextConfig(
-        num_layers=8, hidden_dim=512, num_heads=8, mlp_dim=2048, vocab_size=49408, seq_len=77
-    ),
+    vision=VisionConfig(**vit_blocks(8, 512), image_size=224, patch_size=16, output=POOLED),
+    text=TextConfig(**vit_blocks(8, 512), vocab_size=49408, seq_len=77),
     embed_dim=512,
 )
 TINY = _preset(
     "tiny",
     8,
-    vision=VisionConfig(
-        num_layers=2,
-        hidden_dim=32,
-        num_heads=2,
-        mlp_dim=64,
-        image_size=32,
-        patch_size=8,
-        output=POOLED,
-    ),
-    text=TextConfig(
-        num_layers=2, hidden_dim=32, num_heads=2, mlp_dim=64, vocab_size=128, seq_len=16
-    ),
+    vision=VisionConfig(**TINY_BLOCKS, image_size=32, patch_size=8, output=POOLED),
+    text=TextConfig(**TINY_BLOCKS, vocab_size=128, seq_len=16),
     embed_dim=32,
 )
 

@@ -26,6 +26,19 @@ if TYPE_CHECKING:
 
 Shape = tuple[int, ...]
 
+TINY_BLOCKS = {"num_layers": 2, "hidden_dim": 32, "num_heads": 2, "mlp_dim": 64}
+"""Transformer blocks of the `tiny` presets (CPU tests)."""
+TINY_LLM = {"num_layers": 2, "hidden_dim": 64, "num_heads": 4, "num_kv_heads": 4, "mlp_dim": 128,
+            "vocab_size": 128, "text_len": 12}
+"""The `tiny` presets' LLM."""
+
+
+def vit_blocks(num_layers: int, hidden_dim: int) -> dict[str, int]:
+    """A ViT / BERT tower's block sizes: heads 64 wide, an MLP 4x the width (ViT-B: 12 x 768,
+    ViT-L: 24 x 1024)."""
+    return {"num_layers": num_layers, "hidden_dim": hidden_dim, "num_heads": hidden_dim // 64,
+            "mlp_dim": 4 * hidden_dim}
+
 def _hf_common() -> dict[str, Any]:
     """Every transformers module runs on fused SDPA (flash / memory-efficient kernels on a GPU)
     without mask tensors (common.unpadded_sdpa), and no module has dropout, so a training step
@@ -101,6 +114,11 @@ class TransformerConfig(ModuleConfig):
             f"hidden_dim={self.hidden_dim} must be a multiple of num_heads={self.num_heads}",
         )
 
+    def hf_sizes(self) -> dict[str, int]:
+        """The block sizes as transformers' configs name them."""
+        return {"hidden_size": self.hidden_dim, "intermediate_size": self.mlp_dim,
+                "num_hidden_layers": self.num_layers, "num_attention_heads": self.num_heads}
+
 
 @dataclass(frozen=True, kw_only=True)
 class TokenOutput:
@@ -173,10 +191,7 @@ class VisionConfig(TransformerConfig):
         from mosaic.zoo.common import HFEncoder
 
         hf = transformers.CLIPVisionConfig(
-            hidden_size=self.hidden_dim,
-            intermediate_size=self.mlp_dim,
-            num_hidden_layers=self.num_layers,
-            num_attention_heads=self.num_heads,
+            **self.hf_sizes(),
             image_size=self.image_size,
             patch_size=self.patch_size,
             attention_dropout=0.0,
@@ -239,10 +254,7 @@ class AudioConfig(TransformerConfig):
         from mosaic.zoo.common import HFEncoder
 
         hf = transformers.ASTConfig(
-            hidden_size=self.hidden_dim,
-            intermediate_size=self.mlp_dim,
-            num_hidden_layers=self.num_layers,
-            num_attention_heads=self.num_heads,
+            **self.hf_sizes(),
             patch_size=self.patch_size,
             frequency_stride=self.stride,
             time_stride=self.stride,
@@ -302,10 +314,7 @@ class VideoConfig(TransformerConfig):
         from mosaic.zoo.common import HFEncoder
 
         hf = transformers.VideoMAEConfig(
-            hidden_size=self.hidden_dim,
-            intermediate_size=self.mlp_dim,
-            num_hidden_layers=self.num_layers,
-            num_attention_heads=self.num_heads,
+            **self.hf_sizes(),
             image_size=self.image_size,
             patch_size=self.patch_size,
             num_frames=self.num_frames,
@@ -365,10 +374,7 @@ class TextConfig(TransformerConfig):
 
         hf = transformers.CLIPTextConfig(
             vocab_size=self.vocab_size,
-            hidden_size=self.hidden_dim,
-            intermediate_size=self.mlp_dim,
-            num_hidden_layers=self.num_layers,
-            num_attention_heads=self.num_heads,
+            **self.hf_sizes(),
             max_position_embeddings=self.seq_len,
             attention_dropout=0.0,
             pad_token_id=0,
@@ -572,10 +578,7 @@ class LLMConfig(TransformerConfig):
         hf = config_cls(
             # vocab_size=1: the text module owns the real embedding table (see CausalLM).
             vocab_size=1,
-            hidden_size=self.hidden_dim,
-            intermediate_size=self.mlp_dim,
-            num_hidden_layers=self.num_layers,
-            num_attention_heads=self.num_heads,
+            **self.hf_sizes(),
             num_key_value_heads=self.num_kv_heads,
             attention_dropout=0.0,
             max_position_embeddings=max(4096, self.tokens_per_sample(in_shapes)),

@@ -9,10 +9,17 @@ clips (400 frames x 128 mel bins, 16 x 16 patches at stride 10, as ImageBind), 2
 from __future__ import annotations
 
 from mosaic.zoo.base import Preset, ZooModel
-from mosaic.zoo.configs import AudioConfig, ContrastiveConfig, TextConfig, TokenOutput, VisionConfig
+from mosaic.zoo.configs import (
+    TINY_BLOCKS,
+    AudioConfig,
+    ContrastiveConfig,
+    TextConfig,
+    TokenOutput,
+    VisionConfig,
+    vit_blocks,
+)
 
 POOLED = TokenOutput(pooled=True)
-TINY_BLOCKS = {"num_layers": 2, "hidden_dim": 32, "num_heads": 2, "mlp_dim": 64}
 
 
 def _preset(
@@ -37,56 +44,30 @@ def _preset(
 PAPER = _preset(
     "paper",
     8,
-    vision=VisionConfig(
-        num_layers=24,
-        hidden_dim=1024,
-        num_heads=16,
-        mlp_dim=4096,
-        image_size=224,
-        patch_size=14,
-        output=POOLED,
-    ),
+    vision=VisionConfig(**vit_blocks(24, 1024), image_size=224, patch_size=14, output=POOLED),
     audio=AudioConfig(
-        num_layers=12,
-        hidden_dim=768,
-        num_heads=12,
-        mlp_dim=3072,
+        **vit_blocks(12, 768),
         num_mel_bins=128,
         num_frames=400,
         stride=10,
         output=POOLED,
     ),
-    text=TextConfig(
-        num_layers=12, hidden_dim=768, num_heads=12, mlp_dim=3072, vocab_size=49408, seq_len=256
-    ),
+    text=TextConfig(**vit_blocks(12, 768), vocab_size=49408, seq_len=256),
     embed_dim=1024,
     note="Table 1 sizes; global batch 8 matches the table's TFLOPs per iteration",
 )
 SMALL = _preset(
     "small",
     32,
-    vision=VisionConfig(
-        num_layers=12,
-        hidden_dim=768,
-        num_heads=12,
-        mlp_dim=3072,
-        image_size=224,
-        patch_size=16,
-        output=POOLED,
-    ),
+    vision=VisionConfig(**vit_blocks(12, 768), image_size=224, patch_size=16, output=POOLED),
     audio=AudioConfig(
-        num_layers=8,
-        hidden_dim=512,
-        num_heads=8,
-        mlp_dim=2048,
+        **vit_blocks(8, 512),
         num_mel_bins=128,
         num_frames=400,
         stride=10,
         output=POOLED,
     ),
-    text=TextConfig(
-        num_layers=8, hidden_dim=512, num_heads=8, mlp_dim=2048, vocab_size=49408, seq_len=77
-    ),
+    text=TextConfig(**vit_blocks(8, 512), vocab_size=49408, seq_len=77),
     embed_dim=512,
 )
 TINY = _preset(

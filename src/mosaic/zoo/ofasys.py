@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from mosaic.zoo.base import Preset, ZooModel
 from mosaic.zoo.configs import (
+    TINY_BLOCKS,
+    TINY_LLM,
     AudioConfig,
     EmbeddingConfig,
     LLMConfig,
@@ -20,10 +22,10 @@ from mosaic.zoo.configs import (
     TokenOutput,
     VideoConfig,
     VisionConfig,
+    vit_blocks,
 )
 
 ENCODERS = ("vision", "audio", "video", "imu", "motion", "structured")
-TINY_BLOCKS = {"num_layers": 2, "hidden_dim": 32, "num_heads": 2, "mlp_dim": 64}
 SENSOR_BLOCKS = {"num_layers": 4, "hidden_dim": 256, "num_heads": 4, "mlp_dim": 1024}
 TABLE_BLOCKS = {"num_layers": 2, "hidden_dim": 256, "num_heads": 4, "mlp_dim": 1024}
 
@@ -71,7 +73,7 @@ def _preset(
 PAPER = _preset(
     "paper",
     8,
-    blocks={"num_layers": 12, "hidden_dim": 768, "num_heads": 12, "mlp_dim": 3072},
+    blocks=vit_blocks(12, 768),
     sensor=SENSOR_BLOCKS,
     table=TABLE_BLOCKS,
     llm=LLMConfig(
@@ -94,7 +96,7 @@ PAPER = _preset(
 SMALL = _preset(
     "small",
     8,
-    blocks={"num_layers": 6, "hidden_dim": 512, "num_heads": 8, "mlp_dim": 2048},
+    blocks=vit_blocks(6, 512),
     sensor=SENSOR_BLOCKS,
     table=TABLE_BLOCKS,
     llm=LLMConfig(
@@ -119,15 +121,7 @@ TINY = _preset(
     blocks=TINY_BLOCKS,
     sensor=TINY_BLOCKS,
     table=TINY_BLOCKS,
-    llm=LLMConfig(
-        num_layers=2,
-        hidden_dim=64,
-        num_heads=4,
-        num_kv_heads=4,
-        mlp_dim=128,
-        vocab_size=128,
-        text_len=12,
-    ),
+    llm=LLMConfig(**TINY_LLM),
     image_size=32,
     patch_size=8,
     audio={"num_mel_bins": 32, "num_frames": 64, "stride": 16},

@@ -12,7 +12,14 @@ table's 2.58 TFLOPs with a sensible image. 2 samples per iteration of a 352 px i
 from __future__ import annotations
 
 from mosaic.zoo.base import Preset, ZooModel
-from mosaic.zoo.configs import EmbeddingConfig, LLMConfig, TokenOutput, VisionConfig
+from mosaic.zoo.configs import (
+    TINY_BLOCKS,
+    EmbeddingConfig,
+    LLMConfig,
+    TokenOutput,
+    VisionConfig,
+    vit_blocks,
+)
 
 
 def _preset(
@@ -57,10 +64,7 @@ SMALL = _preset(
     "small",
     8,
     vision=VisionConfig(
-        num_layers=12,
-        hidden_dim=768,
-        num_heads=12,
-        mlp_dim=3072,
+        **vit_blocks(12, 768),
         image_size=224,
         patch_size=16,
         output=TokenOutput(merge=4, out_dim=2048),
@@ -80,10 +84,7 @@ TINY = _preset(
     "tiny",
     8,
     vision=VisionConfig(
-        num_layers=2,
-        hidden_dim=32,
-        num_heads=2,
-        mlp_dim=64,
+        **TINY_BLOCKS,
         image_size=32,
         patch_size=8,
         output=TokenOutput(merge=4, out_dim=64),

@@ -12,9 +12,16 @@ bins, 480 patches merged 16 to 1 into 30 tokens) and 128 text tokens: 194 LLM to
 from __future__ import annotations
 
 from mosaic.zoo.base import Preset, ZooModel
-from mosaic.zoo.configs import AudioConfig, EmbeddingConfig, LLMConfig, TokenOutput, VisionConfig
-
-TINY_BLOCKS = {"num_layers": 2, "hidden_dim": 32, "num_heads": 2, "mlp_dim": 64}
+from mosaic.zoo.configs import (
+    TINY_BLOCKS,
+    TINY_LLM,
+    AudioConfig,
+    EmbeddingConfig,
+    LLMConfig,
+    TokenOutput,
+    VisionConfig,
+    vit_blocks,
+)
 
 
 def _preset(
@@ -41,19 +48,13 @@ PAPER = _preset(
     "paper",
     4,
     vision=VisionConfig(
-        num_layers=11,
-        hidden_dim=768,
-        num_heads=12,
-        mlp_dim=3072,
+        **vit_blocks(11, 768),
         image_size=384,
         patch_size=16,
         output=TokenOutput(merge=16),
     ),
     audio=AudioConfig(
-        num_layers=11,
-        hidden_dim=768,
-        num_heads=12,
-        mlp_dim=3072,
+        **vit_blocks(11, 768),
         num_mel_bins=128,
         num_frames=960,
         stride=16,
@@ -74,19 +75,13 @@ SMALL = _preset(
     "small",
     8,
     vision=VisionConfig(
-        num_layers=8,
-        hidden_dim=512,
-        num_heads=8,
-        mlp_dim=2048,
+        **vit_blocks(8, 512),
         image_size=224,
         patch_size=16,
         output=TokenOutput(merge=4),
     ),
     audio=AudioConfig(
-        num_layers=8,
-        hidden_dim=512,
-        num_heads=8,
-        mlp_dim=2048,
+        **vit_blocks(8, 512),
         num_mel_bins=128,
         num_frames=512,
         stride=16,
@@ -109,15 +104,7 @@ TINY = _preset(
     audio=AudioConfig(
         **TINY_BLOCKS, num_mel_bins=32, num_frames=48, stride=16, output=TokenOutput(merge=2)
     ),
-    llm=LLMConfig(
-        num_layers=2,
-        hidden_dim=64,
-        num_heads=4,
-        num_kv_heads=4,
-        mlp_dim=128,
-        vocab_size=128,
-        text_len=12,
-    ),
+    llm=LLMConfig(**TINY_LLM),
 )
 
 MODEL = ZooModel(
