@@ -201,3 +201,17 @@ def test_a_newer_run_without_bf16_weights_keeps_the_older_runs_bf16_cell(tmp_pat
     assert [line.split(" | ")[:2] for line in readme] == [["| CLIP", "32"],
                                                            ["| CLIP, bf16 weights", "32"]]
     assert readme[1].endswith("| 19.80 ms (bf16 weights too) | **18.00 ms** | 1.283x |")
+
+
+def test_a_run_whose_bf16_rows_are_superseded_keeps_its_row_without_its_bf16_cell(tmp_path):
+    """superseded.json with "labels": the run's fp32 plans and user program still make the
+    targets row; its superseded bf16 rows give no bf16 cell."""
+    _bf16_run(tmp_path / "bf16" / "bench.json", "2026-12-01T00:00:00")
+    _compiled_run(tmp_path / "rerun" / "bench.json", "2026-12-02T00:00:00", 30.0, batch=8)
+    (tmp_path / "bf16" / "superseded.json").write_text(json.dumps({"bench.json": {
+        "by": "../rerun/bench.json", "why": "slow kernel",
+        "labels": ["mosaic@bf16_weights=true", "megatron@bf16_weights=true"]}}))
+    row = next(line for line in render.targets_one_gpu(tmp_path, None).splitlines()
+               if "32 (1x)" in line and "| clip | small" in line)
+    assert row.startswith("| clip | small | 32 (1x) | bf16/bench.json |")
+    assert row.endswith("| – | – |")  # no bf16 cell, no autotune cell
