@@ -13,7 +13,7 @@ Renderers: one-gpu-bench[:DIR], green-probe[:FILE], gemm-probe:FILE, bench:DIR_O
 scaling-sim[:DIR], variants:DIR, targets-1gpu, profile-recipe[:DB],
 step-fit:FILE,FILE[,...], kernel-time:FILE[,...], train-in-flight:DIR, train-summaries:DIR,
 guard-host-cost:FILE, autotune-choices:FILE, gate-misses[:DIR], main-weights-profile:DB,
-checkpoint-background:DIR, busy-fractions:FILE.
+checkpoint-background:DIR, busy-fractions:FILE, memory-peaks:DIR[,DIR...].
 """
 
 from __future__ import annotations
@@ -882,6 +882,49 @@ def train_summaries(results: Path, arg: str | None) -> str:
     return table(["file", "model", "preset", "batch", "GPUs", "plan", "weights",
                   "bf16 update", "steps", "median step, ms", "p90 step, ms", "model, ms",
                   "model vs median", "NaN guard", "host launch / step"], rows)
+
+
+@renderer("memory-peaks")
+def memory_peaks(results: Path, arg: str | None) -> str:
+    """Every one-GPU `mosaic train` summary on a GPU under the comma-separated directories
+    ARG of results/ that recorded its peak (torch's max allocated), grouped by model, preset,
+    batch and weights: the highest peak against the memory model's estimate for the GPU
+    (`plan.gpu_memory_bytes`, which on one GPU does not depend on the plan; it keeps fp32
+    weights' accounting either way)."""
+    if not arg:
+        raise RenderError("memory-peaks needs directories under results/, comma-separated")
+    groups: dict[tuple[str, str, int, str], list[float]] = {}
+    paths = [p for d in arg.split(",") for p in sorted((results / d).rglob("*summary*.json"))]
+    for path in paths:
+        r = load(path)
+        if (not str(r.get("device", "")).startswith("cuda") or r.get("num_gpus") != 1
+                or not r.get("peak_memory_bytes") or r.get("accumulation", 1) != 1):
+            continue
+        key = (r["model"], r["preset"], r["global_batch"],
+               "bf16" if r.get("bf16_weights") else "fp32")
+        groups.setdefault(key, []).append(float(r["peak_memory_bytes"]))
+    rows = []
+    for (model, preset, batch, weights), peaks in sorted(groups.items()):
+        predicted = _one_gpu_memory_bytes(model, preset, batch)
+        rows.append([model, preset, str(batch), weights, str(len(peaks)),
+                     f"{max(peaks) / 2**30:.1f}", f"{predicted / 2**30:.1f}",
+                     pct(predicted / max(peaks) - 1)])
+    return table(["model", "preset", "batch", "weights", "runs", "measured peak, GiB (highest)",
+                  "memory model, GiB", "model vs peak"], rows)
+
+
+def _one_gpu_memory_bytes(model: str, preset: str, batch: int) -> float:
+    """The memory model's bytes on one GPU holding every module (megatron's plan)."""
+    from mosaic.hardware import make_cluster
+    from mosaic.perf.analytic import AnalyticModel
+    from mosaic.plan import gpu_memory_bytes
+    from mosaic.planners import plan_all
+    from mosaic.zoo import get_model
+
+    graph = get_model(model).graph(preset, global_batch=batch)
+    cluster = make_cluster(1, "h200")
+    (plan,) = plan_all(graph, cluster, AnalyticModel(cluster), ["megatron"])
+    return gpu_memory_bytes(plan, graph)[0]
 
 
 @renderer("guard-host-cost")

@@ -215,3 +215,21 @@ def test_a_run_whose_bf16_rows_are_superseded_keeps_its_row_without_its_bf16_cel
                if "32 (1x)" in line and "| clip | small" in line)
     assert row.startswith("| clip | small | 32 (1x) | bf16/bench.json |")
     assert row.endswith("| – | – |")  # no bf16 cell, no autotune cell
+
+
+def test_memory_peaks_sets_the_memory_model_beside_the_trained_peaks(tmp_path):
+    """One row per model, preset, batch and weights of the one-GPU GPU runs: the highest
+    peak; CPU runs, runs on several GPUs and accumulated runs are left out."""
+    run = {"model": "clip", "preset": "small", "global_batch": 32, "num_gpus": 1,
+           "device": "cuda:0", "bf16_weights": False}
+    for name, extra in (("a", {"peak_memory_bytes": 2 * 2**30}),
+                        ("b", {"peak_memory_bytes": 3 * 2**30}),
+                        ("cpu", {"peak_memory_bytes": 9 * 2**30, "device": "cpu"}),
+                        ("two", {"peak_memory_bytes": 9 * 2**30, "num_gpus": 2}),
+                        ("micro", {"peak_memory_bytes": 9 * 2**30, "accumulation": 2})):
+        (tmp_path / "runs" / name).mkdir(parents=True)
+        (tmp_path / "runs" / name / "train_summary.json").write_text(json.dumps({**run, **extra}))
+    (row,) = render.memory_peaks(tmp_path, "runs").splitlines()[2:]
+    predicted = render._one_gpu_memory_bytes("clip", "small", 32) / 2**30
+    assert row == (f"| clip | small | 32 | fp32 | 2 | 3.0 | {predicted:.1f} | "
+                   f"{render.pct(predicted / 3 - 1)} |")

@@ -269,6 +269,8 @@ def train(config: TrainConfig, model: TrainableModel | None = None) -> TrainResu
     """Train `config.model` (or `model`, any TrainableModel) with the given plan."""
     t_setup = time.perf_counter()
     d = start_distributed(config.device, config.timeout_s)
+    if d.device.type == "cuda":  # the run's peak, not what the process held before it
+        torch.cuda.reset_peak_memory_stats(d.device)  # (autotune's candidates, measured first)
     session = None
     try:
         if model is None:
