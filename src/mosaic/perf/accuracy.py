@@ -35,7 +35,7 @@ from mosaic.perf.profiled import (
     interference_choice_name,
     interference_fit_name,
 )
-from mosaic.perf.results import bench_result_files, load_bench_result, superseded
+from mosaic.perf.results import bench_result_files, load_bench_result, superseded_labels
 from mosaic.profile.db import ColocPoint, FitRecord, ModulePoint, ProfileDB, colocation_kernels
 
 
@@ -312,6 +312,7 @@ def _iteration_rows(name: str, report: dict[str, Any], repredict: Any = None,
     torch-eager / torch-compile) keeps predicted_s and error None and stays out of the gate,
     as does every superseded row (the results file at `path`: results.superseded)."""
     rows = []
+    replaced = superseded_labels(path) if path else lambda label: None
     for r in report["results"]:
         if not isinstance(r, dict) or not r.get("measured_iteration_s"):
             continue
@@ -324,7 +325,7 @@ def _iteration_rows(name: str, report: dict[str, Any], repredict: Any = None,
                      "gpus": report.get("gpus"), "global_batch": report.get("global_batch"),
                      "planner": r.get("planner"), "predicted_s": predicted, "measured_s": measured,
                      "error": None if predicted is None else predicted / measured - 1,
-                     "superseded": superseded(path, r.get("planner")) if path else None})
+                     "superseded": replaced(r.get("planner"))})
     return rows
 
 

@@ -28,13 +28,7 @@ from scipy.optimize import least_squares
 
 from mosaic.errors import MosaicError
 from mosaic.graph import MMGraph
-from mosaic.perf.results import (
-    bench_result_files,
-    graph_of,
-    load_bench_result,
-    superseded,
-    without_superseded_rows,
-)
+from mosaic.perf.results import bench_result_files, graph_of, load_current_result
 from mosaic.plan import Plan, PlanError
 from mosaic.profile.db import TUNED_MODES, FitRecord, ProfileDB, kernels_label
 
@@ -262,9 +256,9 @@ def rows_from_results(paths: str | Path | Iterable[str | Path],
     rows: list[IterationRow] = []
     graphs: dict = {}
     for name, path in bench_result_files(paths):
-        if superseded(path):
+        report = load_current_result(path)
+        if report is None:
             continue
-        report = without_superseded_rows(load_bench_result(path) or {}, path)
         if repredict is None and not str(report.get("perf_model", "")).startswith("profiled"):
             continue
         graph = graph_of(report, graphs)

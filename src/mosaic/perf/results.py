@@ -4,14 +4,15 @@ BENCHMARKS renderer all read, kept apart from the models they judge (no import c
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 from mosaic.errors import MosaicError
 
 __all__ = ["BenchResultsError", "SUPERSEDED_FILE", "bench_result_files", "graph_of",
-           "load_bench_result", "superseded", "without_superseded_rows"]
+           "load_bench_result", "load_current_result", "superseded", "superseded_labels",
+           "without_superseded_rows"]
 
 
 class BenchResultsError(MosaicError):
@@ -48,7 +49,22 @@ def superseded(path: str | Path, label: str | None = None) -> dict[str, Any] | N
     such an entry leaves standing); else None. The iteration gate lists such rows but does not
     judge today's model by them: they measured code that no longer runs. Only a rerun that
     exists can supersede a run."""
+    return superseded_labels(path)(label)
+
+
+def superseded_labels(path: str | Path) -> Callable[[str | None], dict[str, Any] | None]:
+    """`superseded(path, label)` for any label, the marker read once."""
     path = Path(path)
+    entry = _entry(path)
+    if entry is None:
+        return lambda label: None
+    found = {"by": str(entry["by"]), "why": str(entry["why"])}
+    labels = entry.get("labels")
+    return lambda label: found if labels is None or label in labels else None
+
+
+def _entry(path: Path) -> dict[str, Any] | None:
+    """The superseded.json entry naming `path` (or "*"), checked; None without one."""
     marker = path.parent / SUPERSEDED_FILE
     if not marker.is_file():
         return None
@@ -57,12 +73,9 @@ def superseded(path: str | Path, label: str | None = None) -> dict[str, Any] | N
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
         raise BenchResultsError(f"{marker} is not readable JSON ({err}); fix or delete it") from err
     entry = entries.get(path.name, entries.get("*")) if isinstance(entries, dict) else None
-    if entry is None:
-        return None
-    _check_entry(marker, path.name, entry)
-    if "labels" in entry and label not in entry["labels"]:
-        return None
-    return {"by": str(entry["by"]), "why": str(entry["why"])}
+    if entry is not None:
+        _check_entry(marker, path.name, entry)
+    return entry
 
 
 def _check_entry(marker: Path, name: str, entry: Any) -> None:
@@ -81,9 +94,19 @@ def _check_entry(marker: Path, name: str, entry: Any) -> None:
 
 def without_superseded_rows(report: dict[str, Any], path: str | Path) -> dict[str, Any]:
     """`report` without the rows of contenders that superseded.json lists by label."""
+    replaced = superseded_labels(path)
     rows = [r for r in report.get("results", [])
-            if not (isinstance(r, dict) and superseded(path, r.get("planner")))]
+            if not (isinstance(r, dict) and replaced(r.get("planner")))]
     return report if len(rows) == len(report.get("results", [])) else {**report, "results": rows}
+
+
+def load_current_result(path: str | Path) -> dict[str, Any] | None:
+    """The bench results at `path` without its superseded rows; None where the whole run is
+    superseded or the file holds no bench results (what the model's fits and checks read)."""
+    if superseded(path):
+        return None
+    report = load_bench_result(path)
+    return None if report is None else without_superseded_rows(report, path)
 
 
 def bench_result_files(paths_or_dir: str | Path | Iterable[str | Path]) -> list[tuple[str, Path]]:

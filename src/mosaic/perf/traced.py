@@ -33,12 +33,7 @@ from typing import Any
 from mosaic.files import portable_stem
 from mosaic.perf.engine_term import sequential_plan
 from mosaic.perf.profiled import SURFACE_DRIFT, remeasure_command
-from mosaic.perf.results import (
-    bench_result_files,
-    load_bench_result,
-    superseded,
-    without_superseded_rows,
-)
+from mosaic.perf.results import bench_result_files, load_current_result
 
 __all__ = ["colocation_savings", "measured_stage_s", "overlapping_stages", "sharing_text",
            "stage_error", "traced_events"]
@@ -148,9 +143,9 @@ def stage_error(paths: str | Path | Iterable[str | Path], repredict: Any) -> dic
     (`repredict`, a perf.repredict.Repredictor) against the traces."""
     rows: list[dict[str, Any]] = []
     for name, path in bench_result_files(paths):
-        if superseded(path):
+        report = load_current_result(path)
+        if report is None:
             continue
-        report = without_superseded_rows(load_bench_result(path) or {}, path)
         for row in report.get("results", []):
             rows += _stage_rows(name, path, report, row, repredict)
     _savings(rows)
@@ -216,9 +211,9 @@ def colocation_savings(paths: str | Path | Iterable[str | Path], repredict: Any
     `colocation_saving` feature takes back the average shortfall; this shows where it is."""
     rows = []
     for name, path in bench_result_files(paths):
-        if superseded(path):
+        report = load_current_result(path)
+        if report is None:
             continue
-        report = without_superseded_rows(load_bench_result(path) or {}, path)
         measured = {r["planner"]: r["measured_iteration_s"] for r in report.get("results", [])
                     if r.get("measured_iteration_s")}
         if report.get("gpus") != 1:
