@@ -452,7 +452,7 @@ def _latest_runs(results: Path) -> dict[str | None, Runs]:
             continue
         key = (report["model"], report["preset"], report["global_batch"])
         for having, runs in latest.items():
-            if (having is None or having in plans) and (
+            if (having is None or _labelled(report, having) is not None) and (
                     key not in runs or rank(report) > rank(runs[key][1])):
                 runs[key] = (path, report)
     return latest
@@ -487,10 +487,10 @@ def _target_row(report: dict[str, Any], path: Path, results: Path, times: int,
 def _other_run_cell(cell, label: str, report: dict[str, Any],
                     columns: dict[str, tuple[Path, dict[str, Any]] | None], results: Path) -> str:
     """`cell` of `label` from `report`, else from the newest run that measured it, named."""
-    if label in by_planner(report) or columns.get(label) is None:
-        return cell(report, by_planner(report).get(label))
+    if _labelled(report, label) is not None or columns.get(label) is None:
+        return cell(report, _labelled(report, label))
     path, other = columns[label]
-    return f"{cell(other, by_planner(other)[label])} ({path.relative_to(results)})"
+    return f"{cell(other, _labelled(other, label))} ({path.relative_to(results)})"
 
 
 def _same_plan(mosaic: dict[str, Any] | None, base: dict[str, Any] | None) -> str:
@@ -522,6 +522,29 @@ def _autotune_cell(report: dict[str, Any], row: dict[str, Any] | None) -> str:
 
 BF16_MOSAIC = "mosaic@bf16_weights=true"
 """mosaic's plan again with bf16 GEMM weights and fp32 main weights (a bench variant)."""
+BF16_LAYOUTS = {"bf16_weights=true": "", "bf16_weights=true,bf16_flat_grads=false":
+                " (a weight at a time)"}
+"""The bench variants of the bf16 weights' update layouts that `mosaic train` chooses between
+(one launch per module's flat gradients, or a weight at a time), each with its note; other
+variants with bf16 weights are experiments, not the configuration a user trains."""
+
+
+def _labelled(report: dict[str, Any], label: str) -> dict[str, Any] | None:
+    """The row a column `label` names: for BF16_MOSAIC mosaic's plan with bf16 weights in
+    the faster of the layouts `report` measured, else the row of that label."""
+    if label == BF16_MOSAIC:
+        return _fastest_bf16(report, "mosaic")
+    return by_planner(report).get(label)
+
+
+def _fastest_bf16(report: dict[str, Any], planner: str) -> dict[str, Any] | None:
+    rows = by_planner(report)
+    layouts = [rows[f"{planner}@{v}"] for v in BF16_LAYOUTS if f"{planner}@{v}" in rows]
+    return min(layouts, key=lambda r: r["measured_iteration_s"]) if layouts else None
+
+
+def _layout_note(row: dict[str, Any]) -> str:
+    return BF16_LAYOUTS.get(row["planner"].partition("@")[2], "")
 
 
 def _bf16_weights_cell(report: dict[str, Any], row: dict[str, Any] | None) -> str:
@@ -537,7 +560,8 @@ def _bf16_weights_cell(report: dict[str, Any], row: dict[str, Any] | None) -> st
              else f"{base['planner']}, fp32 weights")
     user = user_baseline(report)
     versus = f", {_ratio(user, row):.3f}x torch-compile" if user else ""
-    return (f"{ms(row['measured_iteration_s'])} ms: {_ratio(base, row):.3f}x {which}{versus}, "
+    return (f"{ms(row['measured_iteration_s'])} ms{_layout_note(row)}: "
+            f"{_ratio(base, row):.3f}x {which}{versus}, "
             f"MFU {pct(mfu(report, row), signed=False)}")
 
 
@@ -599,8 +623,9 @@ def measured_summary(results: Path, arg: str | None) -> str:
                                          user))
                 bf16_run = _run_with(BF16_MOSAIC, report, having[BF16_MOSAIC].get(key))
                 if bf16_run is not None:
-                    rows.append(_summary_row(f"{name}, bf16 weights", bf16_run,
-                                             by_planner(bf16_run)[BF16_MOSAIC],
+                    bf16_row = _labelled(bf16_run, BF16_MOSAIC)
+                    rows.append(_summary_row(f"{name}, bf16 weights{_layout_note(bf16_row)}",
+                                             bf16_run, bf16_row,
                                              _bf16_baseline(bf16_run), user_baseline(bf16_run)))
                 tuned_run = _run_with(AUTOTUNE, report, having[AUTOTUNE].get(key))
                 if tuned_run is not None and tuned_run.get("autotune"):
@@ -615,7 +640,7 @@ def _run_with(label: str, report: dict[str, Any],
               newest: tuple[Path, dict[str, Any]] | None) -> dict[str, Any] | None:
     """`report` where it measured `label`, else the newest run that did, if that run measured
     the user's program too (the README's rows compare with it)."""
-    if label in by_planner(report):
+    if _labelled(report, label) is not None:
         return report
     if newest is None or user_baseline(newest[1]) is None:
         return None
@@ -640,9 +665,7 @@ def _summary_row(name: str, report: dict[str, Any], row: dict[str, Any],
 
 def _bf16_baseline(report: dict[str, Any]) -> dict[str, Any] | None:
     """The fastest baseline plan with bf16 weights in `report`, else the fastest fp32 one."""
-    rows = by_planner(report)
-    same = [rows[f"{name}@bf16_weights=true"] for name in BASELINES
-            if f"{name}@bf16_weights=true" in rows]
+    same = [row for name in BASELINES if (row := _fastest_bf16(report, name)) is not None]
     return (min(same, key=lambda r: r["measured_iteration_s"]) if same
             else best_baseline(report))
 

@@ -171,6 +171,26 @@ def test_readme_summary_lists_runs_beside_torch_compile_and_their_bf16_rows(tmp_
     assert lines[1].endswith("| 19.80 ms (bf16 weights too) | **18.00 ms** | 1.283x |")
 
 
+def test_the_bf16_row_takes_the_faster_update_layout_and_names_it(tmp_path):
+    """`mosaic train` picks between the flat and the per-weight update: the bench's variants
+    of both count as mosaic with bf16 weights, the faster one named; other bf16 variants
+    (experiments) do not."""
+    path = tmp_path / "bf16" / "bench.json"
+    _bf16_run(path, "2026-12-01T00:00:00")
+    report = json.loads(path.read_text())
+    per_weight = "@bf16_weights=true,bf16_flat_grads=false"
+    report["results"] += [plan_row(f"mosaic{per_weight}", 16.5),
+                          plan_row(f"megatron{per_weight}", 17.0),
+                          plan_row("mosaic@bf16_weights=true,side_stream=true", 12.0)]
+    path.write_text(json.dumps(report))
+    readme = render.measured_summary(tmp_path, None).splitlines()[2:]
+    assert readme[1].startswith("| CLIP, bf16 weights (a weight at a time) | 32 |")
+    assert readme[1].endswith("| 17.00 ms (bf16 weights too) | **16.50 ms** | 1.400x |")
+    row = next(line for line in render.targets_one_gpu(tmp_path, None).splitlines()
+               if "32 (1x)" in line and "| clip | small" in line)
+    assert "16.50 ms (a weight at a time): 1.030x megatron with bf16 weights" in row
+
+
 def test_a_user_program_compiled_by_blocks_is_no_baseline(tmp_path):
     _compiled_run(tmp_path / "fair" / "bench.json", "2026-12-01T00:00:00", 21.21)
     blocks = tmp_path / "blocks" / "bench.json"
