@@ -114,7 +114,7 @@ def measure(model_name: str, preset: str) -> dict:
     torch.cuda.empty_cache()
     total = sum(bf16)
     rows = {}
-    inductor = {dynamic: _update_fn("cuda", 0.9, 0.999, 1e-8, 0.0, dynamic) for dynamic in (True, False)}
+    inductor = {dynamic: _update_fn("cuda", 0.9, 0.999, 1e-8, 0.0, "fp32", dynamic) for dynamic in (True, False)}
     for name, sizes, update in (("per tensor, one kernel for every size", bf16, inductor[True]),
                                 ("per tensor, one kernel per size", bf16, inductor[False]),
                                 ("one launch over flat buffers", [total], inductor[False]),

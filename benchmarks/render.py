@@ -1091,7 +1091,8 @@ def main_weights_layout(results: Path, arg: str | None) -> str:
 def main_weights_profile(results: Path, arg: str | None) -> str:
     """The bf16 updates `mosaic profile --main-weights-only` stored in the ProfileDB at
     results/ARG: per module, a weight at a time against the flat update plus its gradient
-    copy, and what a per-weight plan adds (the model's term)."""
+    copy, what a per-weight plan adds (the model's term), and both layouts with bf16 moments
+    where measured ("–": measured before they existed)."""
     from mosaic.profile.db import ProfileDB
     from mosaic.profile.main_weights import stored_updates
 
@@ -1101,11 +1102,14 @@ def main_weights_profile(results: Path, arg: str | None) -> str:
         points = sorted(stored_updates(db).values(), key=lambda p: (p.preset, p.model))
     rows = [[p.model, p.preset, p.module, str(p.bf16_weights), f"{p.bf16_parameters / 1e6:.0f} M",
              f"{p.per_weight_s * 1e3:.3f}", f"{p.flat_update_s * 1e3:.3f}",
-             f"{p.gradient_copy_s * 1e3:.3f}", f"{p.per_weight_extra_s * 1e3:+.3f}"]
+             f"{p.gradient_copy_s * 1e3:.3f}", f"{p.per_weight_extra_s * 1e3:+.3f}",
+             *("–" if s is None else f"{s * 1e3:.3f}"
+               for s in (p.per_weight_bf16_moments_s, p.flat_update_bf16_moments_s))]
             for p in points if p.bf16_weights]
     return table(["model", "preset", "module", "bf16 weights", "parameters",
                   "a weight at a time, ms", "flat, one launch, ms", "gradient copy, ms",
-                  "a weight at a time adds, ms"], rows)
+                  "a weight at a time adds, ms", "bf16 moments: a weight at a time, ms",
+                  "bf16 moments: flat, ms"], rows)
 
 
 # --- checkpoint saves written before the next step or in the background ------------------------

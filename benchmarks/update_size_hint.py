@@ -38,9 +38,9 @@ def _update_for(case: str):
     from mosaic.engine import main_weights
 
     if case == "tuned-large":
-        return main_weights._update_fn("cuda", 0.9, 0.999, 1e-8, 0.0, True)
+        return main_weights._update_fn("cuda", 0.9, 0.999, 1e-8, 0.0, "fp32", True)
     if case == "per-size":
-        return main_weights._update_fn("cuda", 0.9, 0.999, 1e-8, 0.0, False)
+        return main_weights._update_fn("cuda", 0.9, 0.999, 1e-8, 0.0, "fp32", False)
     update = functools.partial(main_weights._adamw_update, beta1=0.9, beta2=0.999, eps=1e-8,
                                weight_decay=0.0)
     return torch.compile(update, dynamic=True, fullgraph=True)
@@ -52,7 +52,7 @@ def _tensors(n: int):
     fp32 = [torch.rand(n, device="cuda") for _ in range(3)]
     grad = torch.randn(n, device="cuda", dtype=torch.bfloat16) * 1e-3
     weight = torch.empty(n, device="cuda", dtype=torch.bfloat16)
-    scalars = [torch.tensor(v, device="cuda") for v in (1e-5, 1e-5, 0.5, 0.0, 1.0)]
+    scalars = [torch.tensor(v, device="cuda") for v in (1e-5, 1e-5, 0.5, 0.0, 1.0, 1.0)]
     return [fp32[0], grad, fp32[1], fp32[2], weight, *scalars]
 
 

@@ -121,7 +121,7 @@ def test_the_per_weight_kernel_is_tuned_on_a_large_update_of_zeros_before_its_fi
         main_weights._adamw_update(*args, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.0)
 
     tuned = main_weights._tuned_on_large_weight(update, 64)
-    scalars = [torch.tensor(v) for v in (1e-3, 1e-3, 0.5, 0.0, 1.0)]
+    scalars = [torch.tensor(v) for v in (1e-3, 1e-3, 0.5, 0.0, 1.0, 1.0)]
 
     def tensors():
         torch.manual_seed(0)

@@ -36,7 +36,8 @@ def test_a_module_is_measured_in_both_layouts_over_its_bf16_weights():
     before = [p.detach().clone() for p in module.parameters()]
     row = measure_module(module)
     assert row is not None and row["bf16_weights"] == 2 and row["bf16_parameters"] == 2 << 16
-    assert all(row[k] > 0 for k in ("per_weight_s", "flat_update_s", "gradient_copy_s"))
+    assert all(row[k] > 0 for k in ("per_weight_s", "flat_update_s", "gradient_copy_s",
+                                    "per_weight_bf16_moments_s", "flat_update_bf16_moments_s"))
     assert all(p.grad is None for p in module.parameters())  # no gradients left behind
     assert any(not torch.equal(a, b) for a, b in zip(before, module.parameters(), strict=True))
     assert measure_module(nn.Sequential(nn.LayerNorm(8))) is None  # no bf16 weights
@@ -89,6 +90,37 @@ def test_a_per_weight_plan_adds_each_measured_modules_difference(tmp_path):
     assert not [n for n in flat.coverage_notes(plan, graph) if "weight at a time" in n]
 
 
+def test_bf16_moments_save_each_modules_measured_difference_else_their_bytes(tmp_path):
+    """With bf16 moments the step saves, per module, its measured update with fp32 less with
+    bf16 moments in the engine's layout (so train's choice of layout compares the layouts'
+    bf16-moment updates); a module measured before bf16 moments existed (None) is priced at
+    BF16_MOMENTS_SAVED_BYTES a parameter at the optimizer's bandwidth, in either layout."""
+    from dataclasses import replace
+
+    from mosaic.perf.profiled import BF16_MOMENTS_SAVED_BYTES
+
+    graph, plan, path = _plan_and_db(tmp_path, {"enc0": (1.0, 0.6, 0.1), "enc1": (0.5, 0.5, 0.1)})
+    with ProfileDB.open(path, readonly=False) as db:
+        points = stored_updates(db)
+        enc0 = module_signature(graph.module("enc0"))
+        points[enc0] = replace(points[enc0], per_weight_bf16_moments_s=0.7e-3,
+                               flat_update_bf16_moments_s=0.45e-3)
+        store(db, points)
+    for engine, enc0_saving in ((FLAT, 0.15e-3), (PER_WEIGHT, 0.3e-3)):
+        fp32 = ProfiledModel(CLUSTER, path, engine=engine)
+        bf16 = ProfiledModel(CLUSTER, path, engine=engine + "+bf16-moments")
+        unmeasured = sum(fp32.memory_pass_s(graph.module(m).num_params, BF16_MOMENTS_SAVED_BYTES)
+                         for m in ("enc1", "head"))
+        gap = fp32.iteration_time_s(plan, graph) - bf16.iteration_time_s(plan, graph)
+        assert gap == pytest.approx(enc0_saving + unmeasured)
+        if engine == FLAT:  # enc0 with bf16 moments 0.7 - 0.45 - 0.1, enc1 fp32 0.5 - 0.5 - 0.1
+            assert bf16.per_weight_extra_s(plan, graph) == pytest.approx(0.15e-3 - 0.1e-3)
+        assert engine_kind({"graphs": True, "compile": "default", "grads_in_graph": True,
+                            "bf16_weights": True, "bf16_moments": True,
+                            "bf16_flat_grads": engine == FLAT}, 1) == engine + "+bf16-moments"
+        assert term_engine(engine + "+bf16-moments") == term_engine(engine)
+
+
 def test_the_recipe_measures_the_updates_once_per_preset(tmp_path):
     path = tmp_path / "p.sqlite"
     with ProfileDB.create(path, hardware="h200", num_sms=132) as db:
@@ -120,9 +152,12 @@ def test_the_shipped_db_holds_the_update_of_every_zoo_module():
 def test_a_zoo_model_is_measured_module_by_module_and_weightless_ones_say_so():
     """`tiny` modules hold no weight large enough for bf16: each is recorded as updating
     nothing, the same modules the meta-device count finds without measuring."""
+    from mosaic.engine import main_weights
     from mosaic.profile.main_weights import measure_model, weightless_modules
 
+    main_weights._STATIC_LENGTHS.add(("cuda", 0.9, 0.999, 1e-8, 0.0, "fp32", 12345))
     points = measure_model("clip", "tiny", torch.device("cpu"), log=lambda line: None)
+    assert not main_weights._STATIC_LENGTHS  # each model starts with the whole kernel budget
     assert [p.module for p in points.values()] == ["vision", "text", "align"]
     assert all(p.bf16_weights == 0 and p.per_weight_extra_s == 0 for p in points.values())
     assert weightless_modules("clip", "tiny") == points

@@ -65,14 +65,14 @@ def test_the_per_weight_kernel_is_one_graph_for_every_length_after_its_tuning_ca
     from torch._dynamo.utils import counters
 
     before = counters["stats"]["unique_graphs"]
-    update = main_weights._update_fn("cuda", 0.9, 0.999, 1e-8, 0.0, True, 1 << 20)  # its own
+    update = main_weights._update_fn("cuda", 0.9, 0.999, 1e-8, 0.0, "fp32", True, 1 << 20)  # its own
     for n in (1 << 16, 3 << 16, 1 << 18):
         torch.manual_seed(n)
         cpu = [torch.rand(n), torch.randn(n).bfloat16(), torch.rand(n), torch.rand(n),
                torch.empty(n, dtype=torch.bfloat16)]
         cuda = [t.cuda() for t in cpu]
-        scalars = [torch.tensor(v) for v in (1e-3, 1e-3, 0.5, 0.0, 1.0)]
-        main_weights._update_fn("cpu", 0.9, 0.999, 1e-8, 0.0, True)(*cpu, *scalars)
+        scalars = [torch.tensor(v) for v in (1e-3, 1e-3, 0.5, 0.0, 1.0, 1.0)]
+        main_weights._update_fn("cpu", 0.9, 0.999, 1e-8, 0.0, "fp32", True)(*cpu, *scalars)
         update(*cuda, *(s.cuda() for s in scalars))
         for i in (0, 2, 3):  # main weight, both moments
             torch.testing.assert_close(cuda[i].cpu(), cpu[i], rtol=1e-5, atol=1e-6)
@@ -261,3 +261,59 @@ def test_accumulated_micro_steps_with_bf16_weights_follow_the_whole_batch(monkey
     losses = {n: [s["loss"] for s in run.steps] for n, run in runs.items()}
     print("accumulation 1:", losses[1], "2:", losses[2])
     torch.testing.assert_close(losses[2], losses[1], rtol=2e-2, atol=0)
+
+
+
+def test_stochastic_rounding_compiled_and_captured_draws_new_bits_each_replay():
+    """A graph whose rounding drew the same bits each replay would round each value the same
+    way every step and bias the moments: with the seed (the update's step count) advanced in
+    the graph, two replays over the same values round some differently, unbiased on average."""
+    x = torch.rand(1 << 20, device="cuda") + 1.0  # in [1, 2): bf16 steps of 2^-7
+    out = torch.empty(x.shape, device="cuda", dtype=torch.bfloat16)
+    seed = torch.zeros((), device="cuda")
+
+    def rounding():
+        seed.add_(1)
+        out.copy_(main_weights.stochastic_bf16(x, main_weights.hashed_bits(x, seed) & 0xFFFF))
+
+    compiled = torch.compile(rounding, dynamic=False)
+    compiled()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        compiled()
+    replays = []
+    for _ in range(64):
+        graph.replay()
+        replays.append(out.float().clone())
+    assert float((replays[0] != replays[1]).float().mean()) > 0.25  # 1/3 expected
+    bias = (torch.stack(replays).mean(0) - x).mean() / 2 ** -8  # in half bf16 steps
+    assert abs(float(bias)) < 0.01
+
+
+def test_bf16_moments_in_the_captured_compiled_step_follow_fp32_moments():
+    """The compiled, captured update with bf16 moments against fp32 moments, same gradients:
+    the main weights stay within the rounding's noise of the fp32 run, and the second
+    moment unbiased, within a few bf16 units."""
+    torch.manual_seed(0)
+    start = torch.randn(4096, 1024)
+    runs = {}
+    for moments in ("fp32", "bf16"):
+        weight = nn.Parameter(start.to(device="cuda", dtype=torch.bfloat16))
+        weight.grad = torch.empty_like(weight)
+        optimizer = MainWeightsAdamW([weight], 1e-3, moments=moments)
+        for step in range(STEPS + 4):
+            generator = torch.Generator().manual_seed(step)
+            weight.grad.copy_(torch.randn(weight.shape, generator=generator))
+            optimizer.step()
+        assert len(optimizer.graphs) == 1  # captured, replayed since
+        state = optimizer.state[weight]
+        assert state["exp_avg_sq"].dtype == main_weights.MOMENT_DTYPES[moments]
+        runs[moments] = (optimizer.mains[0].clone(), state["exp_avg_sq"].float())
+    (main_fp32, v_fp32), (main_bf16, v_bf16) = runs["fp32"], runs["bf16"]
+    assert torch.isfinite(main_bf16).all()
+    moved = (main_fp32 - start.cuda().to(torch.bfloat16).float()).norm()
+    assert float((main_bf16 - main_fp32).norm() / moved) < 0.02
+    relative = (v_bf16 - v_fp32) / v_fp32
+    assert abs(float(relative.mean())) < 1e-3  # unbiased over 4 M moments
+    assert float(relative.abs().mean()) < 2 ** -6  # a few rounding steps of noise, no more

@@ -22,9 +22,16 @@ states in flat buffers laid out alike (one launch over the module streamed 4.0-4
 H200). Where the gradients stay where the backward left them, it is launched once per weight,
 a kernel compiled for each length (a model's weights come in 5-15 lengths), so each is
 autotuned on its own length (3.8-5.1 TB/s from 1 M elements on); past MAX_STATIC_KERNELS
-lengths, one kernel for every length, tuned on a large one (TUNING_LENGTH). That update and fused AdamW's of the fp32 parameters are
-captured as one CUDA graph once the gradients sit at the same addresses a few steps running
-(the engine's backward graphs write them in place): the host launches one graph.
+lengths, one kernel for every length, tuned on a large one (TUNING_LENGTH). That update and
+fused AdamW's of the fp32 parameters are captured as one CUDA graph once the gradients sit at
+the same addresses a few steps running (the engine's backward graphs write them in place):
+the host launches one graph.
+
+With `moments="bf16"` the bf16 weights' two moments are kept in bf16, as Megatron's
+precision-aware optimizer and DeepSeek-V3's training keep them: 20 bytes a parameter moved
+instead of 28, 12 held instead of 16. They are computed in fp32 and stored by stochastic
+rounding (stochastic_bf16): rounded to nearest, the second moment stalls, since with beta2 =
+0.999 its step's change (0.1%) is below half a bf16 unit (0.2%) and is rounded away.
 """
 
 from __future__ import annotations
@@ -61,7 +68,10 @@ streamed about 2.5 TB/s even after its tuning call on TUNING_LENGTH zeros (87.3 
 against 71.8 the day before), while kernels of one length each, as the flat update's, ran
 at their rate in every bench."""
 _STATIC_LENGTHS: set[tuple[Any, ...]] = set()
-"""(hyperparameters, length) of the update kernels compiled for one length so far."""
+"""(hyperparameters, moments' dtype, length) of the update kernels compiled for one length so
+far."""
+MOMENT_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+"""The bf16 weights' AdamW moments: as the main weights, or in bf16 (module doc)."""
 TUNING_LENGTH = 1 << 24
 """The length the update kernel for every length (past MAX_STATIC_KERNELS) is compiled and
 autotuned on, before any weight. Inductor picks a pointwise kernel's blocks from the length its first call saw, and
@@ -184,24 +194,52 @@ def _flat(t: torch.Tensor, n: int) -> torch.Tensor:
     return t.view(-1) if t.numel() == n else t.as_strided((n,), (1,))
 
 
+def stochastic_bf16(x: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+    """fp32 `x` rounded to bf16 up or down at random, with the chance of each proportional to
+    its nearness, so the rounding is unbiased: `noise` (random int32 in [0, 2^16)) added to
+    the 16 bits bf16 drops, then dropped (on the magnitude: IEEE floats are sign and
+    magnitude). Values bf16 holds exactly stay exact. Elementwise: it fuses into the update."""
+    return ((x.view(torch.int32) + noise) & -65536).view(torch.float32).to(torch.bfloat16)
+
+
+def hashed_bits(x: torch.Tensor, seed: torch.Tensor) -> torch.Tensor:
+    """32 pseudo-random bits (int32) per element of `x`, from its index, its value's bits and
+    `seed` (a 0-d integer tensor), mixed by MurmurHash3's finaliser: a counter-based generator
+    of a dozen integer operations an element. torch's generator (Philox, ten rounds a draw)
+    made the update compute-bound: 75.7 ms a Unified-IO 2 `paper` b4 step on the H200 against
+    70.7 with fp32 moments. Signed int32 arithmetic wraps as uint32's; the masks make the
+    arithmetic shifts logical."""
+    index = torch.arange(x.numel(), device=x.device, dtype=torch.int32).view(x.shape)
+    h = (index * -1640531535) ^ x.view(torch.int32) ^ (seed.to(torch.int32) * 668265263)
+    h = (h ^ ((h >> 16) & 0xFFFF)) * -2048144789
+    h = (h ^ ((h >> 13) & 0x7FFFF)) * -1028477387
+    return h ^ ((h >> 16) & 0xFFFF)
+
+
 def _adamw_update(main: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor,
                   exp_avg_sq: torch.Tensor, weight: torch.Tensor, lr: torch.Tensor,
                   step_size: torch.Tensor, bias2_sqrt: torch.Tensor, found_inf: torch.Tensor,
-                  grad_scale: torch.Tensor, *, beta1: float, beta2: float, eps: float,
-                  weight_decay: float) -> None:
+                  grad_scale: torch.Tensor, step: torch.Tensor, *, beta1: float, beta2: float,
+                  eps: float, weight_decay: float) -> None:
     """One AdamW step of one tensor (torch.optim.AdamW's arithmetic) on the gradient divided
     by `grad_scale` (gradient clipping's factor, read in this pass; 1: none), writing the
     bf16 `weight` from the new fp32 `main`; nothing changes where `found_inf` is set (the
-    trainer's guard found a non-finite gradient). Elementwise only, so Inductor fuses it into
-    one kernel."""
+    trainer's guard found a non-finite gradient). The moments are fp32 or bf16 (computed in
+    fp32; stored by stochastic rounding seeded by `step`, the step count a checkpoint keeps,
+    so a resumed run rounds as the uninterrupted one). Elementwise only: one kernel."""
     skip = found_inf > 0
     g = grad.float() / grad_scale
-    m = exp_avg + (g - exp_avg) * (1 - beta1)
-    v = exp_avg_sq * beta2 + g * g * (1 - beta2)
+    m_old, v_old = exp_avg.float(), exp_avg_sq.float()
+    m = m_old + (g - m_old) * (1 - beta1)
+    v = v_old * beta2 + g * g * (1 - beta2)
     new = main * (1 - lr * weight_decay) - step_size * m / (v.sqrt() / bias2_sqrt + eps)
     new = torch.where(skip, main, new)
-    exp_avg.copy_(torch.where(skip, exp_avg, m))
-    exp_avg_sq.copy_(torch.where(skip, exp_avg_sq, v))
+    m, v = torch.where(skip, m_old, m), torch.where(skip, v_old, v)
+    if exp_avg.dtype == torch.bfloat16:  # one draw of 32 bits: 16 for each moment
+        bits = hashed_bits(new, step)
+        m, v = stochastic_bf16(m, bits & 0xFFFF), stochastic_bf16(v, (bits >> 16) & 0xFFFF)
+    exp_avg.copy_(m)
+    exp_avg_sq.copy_(v)
     main.copy_(new)
     weight.copy_(new)
 
@@ -224,13 +262,11 @@ def _tuned_on_large_weight(update, length: int):
         nonlocal tuned
         if not tuned:
             tuned = True
-            device = args[0].device
-            fp32 = [torch.zeros(length, device=device) for _ in range(3)]
-            bf16 = [torch.zeros(length, device=device, dtype=torch.bfloat16) for _ in range(2)]
+            zeros = [torch.zeros(length, device=t.device, dtype=t.dtype) for t in args[:5]]
             if marks_size_hints():
-                for zeros in (*fp32, *bf16):
-                    torch._dynamo.mark_dynamic(zeros, 0, hint_override=length)
-            update(fp32[0], bf16[0], fp32[1], fp32[2], bf16[1], *args[5:])
+                for tensor in zeros:
+                    torch._dynamo.mark_dynamic(tensor, 0, hint_override=length)
+            update(*zeros, *args[5:])
         return update(*args)
 
     return first_tuned
@@ -238,10 +274,11 @@ def _tuned_on_large_weight(update, length: int):
 
 @functools.lru_cache(maxsize=8)
 def _update_fn(device_type: str, beta1: float, beta2: float, eps: float, weight_decay: float,
-               dynamic: bool, tuning_length: int | None = TUNING_LENGTH):
+               moments: str, dynamic: bool, tuning_length: int | None = TUNING_LENGTH):
     """The update with its constants bound; compiled on CUDA: one kernel for every size
     (`dynamic`, tuned on `tuning_length` elements), else one per size (Dynamo's recompile
-    limit bounds the sizes: past it, the update of further sizes runs eagerly, unfused)."""
+    limit bounds the sizes: past it, the update of further sizes runs eagerly, unfused).
+    `moments` only keys the cache: the kernel follows the tensors' dtypes."""
     update = functools.partial(_adamw_update, beta1=beta1, beta2=beta2, eps=eps,
                                weight_decay=weight_decay)
     if device_type != "cuda":
@@ -273,15 +310,20 @@ class MainWeightsAdamW(torch.optim.Optimizer):
     Loading writes into the live tensors (a captured step keeps reading them). `found_inf`
     (a 0-d device tensor set before `step`, as for torch's fused optimizers) skips the update
     on the device; `grad_scale` (likewise) divides the gradients the update reads, as
-    gradient clipping asks, without a pass of its own over them. The bf16 weights share one step count: torch's AdamW keeps one per
-    parameter, which differ only for parameters that skip steps (no gradient)."""
+    gradient clipping asks, without a pass of its own over them. The bf16 weights share one
+    step count: torch's AdamW keeps one per parameter, which differ only for parameters that
+    skip steps (no gradient). `moments`: the bf16 weights' moments in "fp32" or "bf16"
+    (module doc); the fp32 parameters' stay fp32."""
 
     def __init__(self, params: Iterable[nn.Parameter], lr: float,
                  betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
-                 weight_decay: float = 0.0, dynamic: bool = True) -> None:
+                 weight_decay: float = 0.0, dynamic: bool = True, moments: str = "fp32") -> None:
         super().__init__(list(params), _adamw_defaults(lr, betas, eps, weight_decay))
         if len(self.param_groups) != 1:
             raise ValueError("MainWeightsAdamW takes one group of parameters")
+        if moments not in MOMENT_DTYPES:
+            raise ValueError(f"moments={moments!r}: use one of {sorted(MOMENT_DTYPES)}")
+        self.moments = moments
         trainable = [p for p in self.param_groups[0]["params"] if p.requires_grad]
         if not trainable:
             raise ValueError("MainWeightsAdamW got no trainable parameters")
@@ -327,7 +369,8 @@ class MainWeightsAdamW(torch.optim.Optimizer):
         as views into flat fp32 buffers laid out as the weights are."""
         n = sum(p.numel() for p in run)
         device = run[0].device
-        exp_avg, exp_avg_sq = (torch.zeros(n, device=device) for _ in range(2))
+        exp_avg, exp_avg_sq = (torch.zeros(n, device=device, dtype=MOMENT_DTYPES[self.moments])
+                               for _ in range(2))
         main = torch.empty(n, device=device)
         start = 0
         for p in run:
@@ -353,7 +396,8 @@ class MainWeightsAdamW(torch.optim.Optimizer):
         """The update kernel for the group's hyperparameters (bound into it; steps captured
         with another kernel are dropped)."""
         group = self.param_groups[0]
-        constants = (self._step.device.type, *group["betas"], group["eps"], group["weight_decay"])
+        constants = (self._step.device.type, *group["betas"], group["eps"], group["weight_decay"],
+                     self.moments)
         self._constants = constants
         self._update_any_length = _update_fn(*constants, True) if self._dynamic else None
         self._update_one_length = _update_fn(*constants, False)
@@ -450,7 +494,7 @@ class MainWeightsAdamW(torch.optim.Optimizer):
             tensors = (state["main"], run[0].grad, state["exp_avg"], state["exp_avg_sq"],
                        run[0].data)
             self._kernel(n)(*(_flat(t, n) for t in tensors), self._lr, step_size, bias2_sqrt,
-                            self._found_inf, self._grad_scale)
+                            self._found_inf, self._grad_scale, self._step)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Copy a saved state into the live tensors (captured steps read them), refusing one

@@ -91,9 +91,9 @@ DEFAULT_USER_PROGRAMS = ("torch-eager", "torch-compile")
 BASELINES = ("megatron", "distmm", "spindle")
 USER_ROUNDS = ("interleaved", "apart")
 VARIANT_FIELDS = ("grad_sync", "reduce_dtype", "bucket_view", "grads_in_graph",
-                  "optimizer_overlap", "bf16_weights", "bf16_flat_grads")
+                  "optimizer_overlap", "bf16_weights", "bf16_flat_grads", "bf16_moments")
 _BOOL_FIELDS = ("bucket_view", "grads_in_graph", "optimizer_overlap", "bf16_weights",
-                "bf16_flat_grads")
+                "bf16_flat_grads", "bf16_moments")
 """Engine settings a bench may vary per contender: gradient synchronisation, the optimizer
 and the weights' precision (a bf16-weight contender trains its own copy of the modules)."""
 
@@ -444,7 +444,8 @@ def variant_applies(plan: Plan, settings: dict[str, Any]) -> bool:
     """Whether an engine variant changes how `plan` runs: gradient accumulation in the graphs,
     the optimizer's overlap and bf16 weights matter to every plan, the gradient-sync settings
     to data-parallel ones only."""
-    every_plan = {"grads_in_graph", "optimizer_overlap", "bf16_weights", "bf16_flat_grads"}
+    every_plan = {"grads_in_graph", "optimizer_overlap", "bf16_weights", "bf16_flat_grads",
+                  "bf16_moments"}
     return bool(every_plan & set(settings)) or synchronises_gradients(plan)
 
 
@@ -480,7 +481,7 @@ def _optimizer_maker(engine: EngineConfig, lr: float
     where the weights are bf16, else torch's fused AdamW."""
     def make(params: list[nn.Parameter]) -> torch.optim.Optimizer:
         if engine.bf16_weights:
-            return MainWeightsAdamW(params, lr)
+            return MainWeightsAdamW(params, lr, moments=engine.moments)
         return make_optimizer("adamw", params, lr)
     return make
 

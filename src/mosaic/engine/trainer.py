@@ -333,7 +333,8 @@ def _build(config: TrainConfig, model: TrainableModel, graph: MMGraph, plan: Pla
     params = session.parameters()
     if not params:  # a GPU may hold no module at all
         return session, None, compiled
-    optimizer = (MainWeightsAdamW(params, config.lr, weight_decay=config.weight_decay) if bf16
+    optimizer = (MainWeightsAdamW(params, config.lr, weight_decay=config.weight_decay,
+                                  moments=config.engine.moments) if bf16
                  else make_optimizer(config.optimizer, params, config.lr, config.weight_decay))
     return session, optimizer, compiled
 

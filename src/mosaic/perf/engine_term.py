@@ -159,6 +159,8 @@ BF16_WEIGHTS = "bf16-weights"
 """The engine-kind part of an engine that keeps bf16 GEMM weights and fp32 main weights."""
 PER_WEIGHT_UPDATE = "per-weight-update"
 """With bf16 weights: the update launched a weight at a time, not over a flat gradient buffer."""
+BF16_MOMENTS = "bf16-moments"
+"""With bf16 weights: their AdamW moments kept in bf16 (the update moves fewer bytes)."""
 
 
 def engine_kind(engine: dict[str, Any] | None, gpus: int | None = None) -> str:
@@ -169,7 +171,8 @@ def engine_kind(engine: dict[str, Any] | None, gpus: int | None = None) -> str:
     settings change nothing) and 'grads-in-graph' when backward graphs leave the gradients
     (not under DDP on several GPUs, which takes them from autograd):
     each has its own host cost, so each gets its own term. 'bf16-weights' last, for an engine
-    that keeps bf16 GEMM weights (it shares its fp32 twin's term: term_engine)."""
+    that keeps bf16 GEMM weights (it shares its fp32 twin's term: term_engine), then how it
+    updates them where not the default ('per-weight-update', 'bf16-moments')."""
     if not engine:
         return "eager"
     parts = (["graphs"] if engine.get("graphs") else []) + (
@@ -190,6 +193,8 @@ def engine_kind(engine: dict[str, Any] | None, gpus: int | None = None) -> str:
         parts.append(BF16_WEIGHTS)
         if not engine.get("bf16_flat_grads", True):
             parts.append(PER_WEIGHT_UPDATE)
+        if engine.get("bf16_moments"):
+            parts.append(BF16_MOMENTS)
     return "+".join(parts) or "eager"
 
 
@@ -449,7 +454,8 @@ def term_engine(engine: str) -> str:
     fits), and bf16 weights, updated either way, as fp32 ones (the same launches; what they
     save or add is in the composed time: perf/profiled.py)."""
     return "+".join("compile-default" if part.removeprefix("compile-") in TUNED_MODES else part
-                    for part in engine.split("+") if part not in (BF16_WEIGHTS, PER_WEIGHT_UPDATE))
+                    for part in engine.split("+")
+                    if part not in (BF16_WEIGHTS, PER_WEIGHT_UPDATE, BF16_MOMENTS))
 
 
 def bf16_weights(engine: str | None) -> bool:
@@ -460,3 +466,8 @@ def bf16_weights(engine: str | None) -> bool:
 def per_weight_update(engine: str | None) -> bool:
     """Whether an engine kind updates its bf16 weights a weight at a time."""
     return PER_WEIGHT_UPDATE in (engine or "").split("+")
+
+
+def bf16_moments(engine: str | None) -> bool:
+    """Whether an engine kind keeps its bf16 weights' AdamW moments in bf16."""
+    return BF16_MOMENTS in (engine or "").split("+")

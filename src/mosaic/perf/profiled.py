@@ -40,6 +40,7 @@ from mosaic.perf.analytic import AnalyticModel
 from mosaic.perf.base import ACCUMULATE_BYTES_PER_PARAM, PerfModel, Work, busiest_gpu_parts
 from mosaic.perf.engine_term import (
     EngineTerm,
+    bf16_moments,
     bf16_weights,
     kernels_of_engine,
     per_weight_update,
@@ -654,6 +655,9 @@ BF16_ADD_BYTES = 6.0
 FOLD_BYTES = 12.0
 """...and each micro-step but the last folds it into the fp32 sum and zeroes it (read 2 + 4,
 write 4 + 2; main_weights.MicroStepGradients)."""
+BF16_MOMENTS_SAVED_BYTES = 8.0
+"""The update with bf16 moments reads and writes each of the two in 2 bytes, not 4: what a
+module without a measured bf16-moment update is priced to save, at the optimizer's bandwidth."""
 
 
 class ProfiledModel(PerfModel):
@@ -812,7 +816,8 @@ class ProfiledModel(PerfModel):
         parameters at the optimizer's measured bandwidth (its own bytes barely change: reads
         a bf16 gradient, writes a bf16 weight). Accumulated, every micro-step skips the casts
         and adds bf16 gradients (BF16_ADD_BYTES) where fp32 weights add fp32 ones
-        (ACCUMULATE_BYTES_PER_PARAM), and all but the last fold theirs into fp32 sums."""
+        (ACCUMULATE_BYTES_PER_PARAM), and all but the last fold theirs into fp32 sums. With
+        bf16 moments, less what they save (bf16_moments_saving_s)."""
         composed = super().iteration_time_s(plan, graph)
         if not bf16_weights(self.engine):
             return composed
@@ -822,16 +827,35 @@ class ProfiledModel(PerfModel):
         saved = n * CAST_BYTES_PER_PARAM
         if n > 1:
             saved += n * (ACCUMULATE_BYTES_PER_PARAM - BF16_ADD_BYTES) - (n - 1) * FOLD_BYTES
-        return composed - self.memory_pass_s(self._most_params(plan, graph), saved)
+        composed -= self.memory_pass_s(self._most_params(plan, graph), saved)
+        if bf16_moments(self.engine):
+            composed -= self.bf16_moments_saving_s(plan, graph)
+        return composed
+
+    def bf16_moments_saving_s(self, plan: Plan, graph: MMGraph) -> float:
+        """What bf16 moments save the flat update on the GPU holding the most parameters: each
+        module's measured flat update with fp32 less with bf16 moments (a per-weight plan's
+        difference from the flat one is per_weight_extra_s, with bf16 moments where measured);
+        a module not measured so, BF16_MOMENTS_SAVED_BYTES a parameter at the optimizer's
+        bandwidth."""
+        saving = 0.0
+        for module, part in busiest_gpu_parts(plan, graph):
+            spec = graph.module(module)
+            point = self.update_of(spec)
+            measured = point.bf16_moments_saving_s if point is not None else None
+            saving += part * (measured if measured is not None else
+                              self.memory_pass_s(spec.num_params, BF16_MOMENTS_SAVED_BYTES))
+        return saving
 
     def per_weight_extra_s(self, plan: Plan, graph: MMGraph) -> float:
         """What updating bf16 weights a weight at a time adds over the flat layout on the GPU
         holding the most parameters: each module's measured difference (profile/main_weights.py;
-        0 for a module not measured, which coverage_notes names)."""
-        extra = 0.0
+        with bf16 moments where the engine keeps them and they were measured; 0 for a module
+        not measured, which coverage_notes names)."""
+        extra, moments = 0.0, bf16_moments(self.engine)
         for module, part in busiest_gpu_parts(plan, graph):
             point = self.update_of(graph.module(module))
-            extra += point.per_weight_extra_s * part if point is not None else 0.0
+            extra += point.per_weight_extra_with(moments) * part if point is not None else 0.0
         return extra
 
     def update_of(self, spec: ModuleSpec) -> UpdatePoint | None:

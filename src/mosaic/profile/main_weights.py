@@ -49,12 +49,30 @@ class UpdatePoint:
     code: str = ""
     """Digest of the update's code when measured (update_code_digest); "" where not recorded
     or where there is nothing to update."""
+    per_weight_bf16_moments_s: float | None = None
+    flat_update_bf16_moments_s: float | None = None
+    """The two layouts' update with the moments in bf16 (`--bf16-moments`); None where not
+    measured (entries from before it)."""
+
+    @property
+    def bf16_moments_saving_s(self) -> float | None:
+        """What keeping the moments in bf16 saves the flat update a step; None unmeasured."""
+        moments = self.flat_update_bf16_moments_s
+        return None if moments is None else self.flat_update_s - moments
 
     @property
     def per_weight_extra_s(self) -> float:
         """What updating a weight at a time adds to a step over the flat layout (negative: it
         saves), the flat layout paying for its gradient copy too."""
         return self.per_weight_s - self.flat_update_s - self.gradient_copy_s
+
+    def per_weight_extra_with(self, bf16_moments: bool) -> float:
+        """per_weight_extra_s with the moments in bf16 where asked and measured so (else the
+        fp32 moments' difference)."""
+        pw, flat = self.per_weight_bf16_moments_s, self.flat_update_bf16_moments_s
+        if not bf16_moments or pw is None or flat is None:
+            return self.per_weight_extra_s
+        return pw - flat - self.gradient_copy_s
 
 
 UPDATE_CODE = Path(__file__).parents[1] / "engine" / "main_weights.py"
@@ -104,14 +122,15 @@ def captured(fn: Callable[[], Any], device: Any) -> Callable[[], Any]:
     return graph.replay
 
 
-def update_s(params: list[Any], grads: list[Any], dynamic: bool = True) -> float:
+def update_s(params: list[Any], grads: list[Any], dynamic: bool = True,
+             moments: str = "fp32") -> float:
     """Seconds of MainWeightsAdamW's step over `params` with gradients `grads` (it captures
-    its own step on a GPU once the gradients stay put)."""
+    its own step on a GPU once the gradients stay put), its moments in `moments`."""
     from mosaic.engine.main_weights import MainWeightsAdamW
 
     for p, g in zip(params, grads, strict=True):
         p.grad = g
-    optimizer = MainWeightsAdamW(params, 1e-5, dynamic=dynamic)
+    optimizer = MainWeightsAdamW(params, 1e-5, dynamic=dynamic, moments=moments)
     seconds = timed_s(optimizer.step, params[0].device)
     if params[0].device.type == "cuda" and not optimizer.graphs:
         raise RuntimeError(f"the update was never captured: {optimizer.capture_failed}")
@@ -139,8 +158,9 @@ def bf16_params(module: Any) -> list[Any]:
 
 
 def measure_module(module: Any) -> dict[str, float] | None:
-    """The module's per-weight update, flat update and gradient copy (seconds), or None when it
-    has no bf16 weights (cast them first: main_weights.cast_weights_bf16)."""
+    """The module's per-weight update, flat update (each with fp32 and with bf16 moments) and
+    gradient copy (seconds), or None when it has no bf16 weights (cast them first:
+    main_weights.cast_weights_bf16)."""
     import torch
 
     params = bf16_params(module)
@@ -152,10 +172,14 @@ def measure_module(module: Any) -> dict[str, float] | None:
     per_weight = update_s(params, fresh)
     flat = update_s(params, views)
     copy = timed_s(captured(lambda: torch._foreach_copy_(views, fresh), device), device)
+    per_weight_moments = update_s(params, fresh, moments="bf16")
+    flat_moments = update_s(params, views, moments="bf16")
     for p in params:
         p.grad = None
     return {"bf16_weights": len(params), "bf16_parameters": sum(p.numel() for p in params),
-            "per_weight_s": per_weight, "flat_update_s": flat, "gradient_copy_s": copy}
+            "per_weight_s": per_weight, "flat_update_s": flat, "gradient_copy_s": copy,
+            "per_weight_bf16_moments_s": per_weight_moments,
+            "flat_update_bf16_moments_s": flat_moments}
 
 
 def cast_zoo_modules(name: str, preset: str, device: Any) -> tuple[Any, dict[str, Any]]:
@@ -173,11 +197,28 @@ def cast_zoo_modules(name: str, preset: str, device: Any) -> tuple[Any, dict[str
     return graph, modules
 
 
-def measure_model(name: str, preset: str, device: Any,
-                  log: Callable[[str], None] = print) -> dict[str, UpdatePoint]:
-    """Every module of zoo model `name` at `preset`, by module signature."""
+def fresh_kernel_budget() -> None:
+    """Start a model's measurements with the update-kernel budget a training process starts
+    with (main_weights.MAX_STATIC_KERNELS lengths compiled each for its own length): Dynamo's
+    compiled kernels dropped and the lengths forgotten. Without it the models measured first
+    spent the budget, and later ones were timed with the kernel for every length, which a
+    training run of them never uses: on the H200 (2026-12-04) the flat update of ImageBind
+    `small`'s encoders measured 1.5x its time in a fresh process."""
     import torch
 
+    from mosaic.engine import main_weights
+
+    torch._dynamo.reset()
+    main_weights._STATIC_LENGTHS.clear()
+
+
+def measure_model(name: str, preset: str, device: Any,
+                  log: Callable[[str], None] = print) -> dict[str, UpdatePoint]:
+    """Every module of zoo model `name` at `preset`, by module signature, timed with the
+    update kernels a training process of that model would compile (fresh_kernel_budget)."""
+    import torch
+
+    fresh_kernel_budget()
     graph, modules = cast_zoo_modules(name, preset, device)
     points, code = {}, update_code_digest()
     for spec in graph.modules:
@@ -188,11 +229,18 @@ def measure_model(name: str, preset: str, device: Any,
         points[module_signature(spec)] = point
         log(f"[{name}] {spec.name}: bf16 update a weight at a time {point.per_weight_s * 1e3:.3f} "
             f"ms, flat {point.flat_update_s * 1e3:.3f} + copy {point.gradient_copy_s * 1e3:.3f} "
-            f"ms ({point.bf16_weights} weights)")
+            f"ms ({point.bf16_weights} weights){_moments_note(point)}")
     del modules
     if torch.device(device).type == "cuda":
         torch.cuda.empty_cache()
     return points
+
+
+def _moments_note(point: UpdatePoint) -> str:
+    if point.per_weight_bf16_moments_s is None or point.flat_update_bf16_moments_s is None:
+        return ""
+    return (f"; bf16 moments {point.per_weight_bf16_moments_s * 1e3:.3f} a weight at a time, "
+            f"{point.flat_update_bf16_moments_s * 1e3:.3f} flat")
 
 
 NO_BF16_WEIGHTS = {"bf16_weights": 0, "bf16_parameters": 0, "per_weight_s": 0.0,
