@@ -95,3 +95,24 @@ def test_a_checkpoint_of_bf16_moments_resumes_exactly_and_unknown_moments_are_re
     with pytest.raises(ValueError, match="moments='fp16'"):
         MainWeightsAdamW([nn.Parameter(torch.zeros(4, dtype=torch.bfloat16))], LR,
                          moments="fp16")
+
+
+def test_training_with_bf16_moments_follows_the_fp32_moment_loss_curve(monkeypatch):
+    """The toy model trained 40 steps by the engine on the CPU (synthetic batches, a new one
+    each step), bf16 weights with fp32 and with bf16 moments: the two runs' losses stay
+    together step by step (the moments differ by rounding noise only)."""
+    from mosaic.engine import main_weights
+    from mosaic.engine.session import EngineConfig
+    from mosaic.engine.trainer import TrainConfig, train
+    from tests.test_engine import ToyModel, one_gpu_plans
+
+    monkeypatch.setattr(main_weights, "MIN_ELEMENTS", 1)  # the toy's weights are small
+    model = ToyModel("toyvlm")
+    common = dict(device="cpu", model="toyvlm", plan=one_gpu_plans(model.graph("tiny"))["free"],
+                  warmup_steps=0, lr=3e-2, progress=False, steps=40)
+    losses = {moments: torch.tensor([s["loss"] for s in train(TrainConfig(
+        engine=EngineConfig(amp=True, bf16_weights=True, bf16_moments=moments), **common),
+        model=model).steps]) for moments in (False, True)}
+    fp32, bf16 = losses[False], losses[True]
+    assert not torch.equal(fp32, bf16)  # the rounding did act
+    assert float(((bf16 - fp32).abs() / fp32).max()) < 0.01

@@ -353,13 +353,16 @@ def test_a_saved_state_loads_into_the_live_tensors_and_an_fp32_runs_state_is_ref
         second.load_state_dict(fp32_state.state_dict())
 
 
-@pytest.mark.parametrize(("accumulation", "background"), [(1, False), (2, False), (1, True)])
+@pytest.mark.parametrize(("accumulation", "background", "bf16_moments"),
+                         [(1, False, False), (2, False, False), (1, True, False),
+                          (1, False, True)])
 def test_training_with_bf16_weights_resumes_exactly_and_an_fp32_run_refuses_its_checkpoint(
-        tmp_path, monkeypatch, accumulation, background):
+        tmp_path, monkeypatch, accumulation, background, bf16_moments):
     """On the CPU under bf16 autocast (amp=True): the first loss is the fp32-weight run's
     (autocast computed with the same bf16 values); stopped after a checkpoint and resumed,
     the run continues the exact loss curve and weights (the checkpoint holds the fp32 main
-    weights); a run with fp32 weights refuses that checkpoint."""
+    weights, and with bf16 moments the step count their rounding is seeded by); a run with
+    fp32 weights refuses that checkpoint."""
     from mosaic.engine import main_weights
     from mosaic.engine.checkpoint import CheckpointConfig, CheckpointError
     from mosaic.engine.session import EngineConfig
@@ -371,12 +374,14 @@ def test_training_with_bf16_weights_resumes_exactly_and_an_fp32_run_refuses_its_
     plan = one_gpu_plans(model.graph("tiny"))["free"]
     common = dict(device="cpu", model="toyvlm", plan=plan, warmup_steps=0, lr=1e-2,
                   progress=False)
-    bf16 = EngineConfig(amp=True, bf16_weights=True, accumulation=accumulation)
+    bf16 = EngineConfig(amp=True, bf16_weights=True, accumulation=accumulation,
+                        bf16_moments=bf16_moments)
     fp32 = EngineConfig(amp=True, accumulation=accumulation)
     whole = train(TrainConfig(steps=6, engine=bf16, **common), model=model)
     assert whole.steps[0]["loss"] == train(TrainConfig(steps=1, engine=fp32, **common),
                                            model=model).steps[0]["loss"]
     assert any(p.dtype == torch.bfloat16 for m in whole.modules.values() for p in m.parameters())
+    assert whole.summary["bf16_moments"] is bf16_moments
     # The states are views into flat buffers: saved (in the background too) as themselves.
     ckpt = CheckpointConfig(directory=str(tmp_path / "ckpt"), every_steps=3, background=background)
     train(TrainConfig(steps=3, checkpoint=ckpt, engine=bf16, **common), model=model)
