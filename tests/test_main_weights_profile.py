@@ -119,6 +119,10 @@ def test_bf16_moments_save_each_modules_measured_difference_else_their_bytes(tmp
                             "bf16_weights": True, "bf16_moments": True,
                             "bf16_flat_grads": engine == FLAT}, 1) == engine + "+bf16-moments"
         assert term_engine(engine + "+bf16-moments") == term_engine(engine)
+    weightless = UpdatePoint(model="clip", preset="small", module="text", bf16_weights=0,
+                             bf16_parameters=0, per_weight_s=0.0, flat_update_s=0.0,
+                             gradient_copy_s=0.0)
+    assert weightless.bf16_moments_saving_s == 0.0  # its moments stay fp32: nothing to save
 
 
 def test_the_recipe_measures_the_updates_once_per_preset(tmp_path):

@@ -56,7 +56,10 @@ class UpdatePoint:
 
     @property
     def bf16_moments_saving_s(self) -> float | None:
-        """What keeping the moments in bf16 saves the flat update a step; None unmeasured."""
+        """What keeping the moments in bf16 saves the flat update a step; None unmeasured (0
+        for a module without bf16 weights: its moments stay fp32)."""
+        if not self.bf16_weights:
+            return 0.0
         moments = self.flat_update_bf16_moments_s
         return None if moments is None else self.flat_update_s - moments
 
