@@ -1037,8 +1037,9 @@ def profile(
         "kernels); each module's old points are replaced once its new surface is complete")] = False,
     main_weights_only: Annotated[bool, typer.Option(
         "--main-weights-only", help="with --update: measure only each module's bf16 weight "
-        "update, a weight at a time and over one flat gradient buffer (priced per module where "
-        "a plan updates a weight at a time: --no-bf16-flat-grads)")] = False,
+        "update, a weight at a time and over one flat gradient buffer, with fp32 and with bf16 "
+        "moments (priced per module where a plan updates a weight at a time, "
+        "--no-bf16-flat-grads, or keeps bf16 moments, --bf16-moments)")] = False,
     collectives: Annotated[bool, typer.Option(
         "--collectives", help="instead of modules: all-reduce, reduce-scatter, all-gather, "
         "broadcast and p2p from 4 KiB to 1 GiB between the GPUs of this torchrun world "
