@@ -442,7 +442,8 @@ DP_STEPS, DP_SAVE_AT = 4, 2
 
 
 def _data_parallel_worker(rank: int, world: int, out: str, grad_sync: str,
-                          device: str = "cpu", toy: str = "toyclip", accumulation: int = 1) -> None:
+                          device: str = "cpu", toy: str = "toyclip", accumulation: int = 1,
+                          bf16_moments: bool = False) -> None:
     """Trains `toy` replicated on both ranks with bf16 weights (4 steps), then 2 steps with a
     checkpoint and a resume to 4; writes this rank's weights and losses. On CUDA over NCCL,
     graphed and compiled."""
@@ -472,7 +473,7 @@ def _data_parallel_worker(rank: int, world: int, out: str, grad_sync: str,
     cuda = device == "cuda"
     engine = EngineConfig(amp=True, bf16_weights=True, reduce_dtype="bf16", grad_sync=grad_sync,
                           graphs=cuda, compile="default" if cuda else None,
-                          accumulation=accumulation)
+                          accumulation=accumulation, bf16_moments=bf16_moments)
     common = dict(device=device, model=toy, engine=engine, warmup_steps=int(cuda), lr=1e-2,
                   progress=False, plan=_replicated_plan(toy, model.graph("tiny").names))
     whole = train(TrainConfig(steps=DP_STEPS, **common), model=model)
@@ -489,23 +490,26 @@ def _data_parallel_worker(rank: int, world: int, out: str, grad_sync: str,
 
 @pytest.mark.slow
 @pytest.mark.xdist_group("start_workers")  # see tests/test_engine_dist.py
-@pytest.mark.parametrize(("grad_sync", "toy", "accumulation"), [
-    ("flat", "toyclip", 1), ("ddp", "toyclip", 1), ("flat", "toyvlm", 2), ("ddp", "toyvlm", 2)])
+@pytest.mark.parametrize(("grad_sync", "toy", "accumulation", "bf16_moments"), [
+    ("flat", "toyclip", 1, False), ("ddp", "toyclip", 1, False), ("flat", "toyvlm", 2, False),
+    ("ddp", "toyvlm", 2, False), ("flat", "toyclip", 1, True)])
 def test_data_parallel_bf16_weights_train_as_one_process_and_resume(
-        tmp_path, monkeypatch, grad_sync, toy, accumulation):
+        tmp_path, monkeypatch, grad_sync, toy, accumulation, bf16_moments):
     """Two gloo processes, every module replicated, bf16 weights with their gradients summed
     in bf16 (with accumulation too: the micro-steps summed in fp32 before the last backward,
     which all-reduces): the replicas stay bitwise equal, the losses follow one process training the
     whole batch with bf16 weights (they differ by the bf16 sum), and a run resumed from a
     checkpoint continues the exact curve and weights (with DDP this needs the step before
     DDP wraps the modules to sum in bf16 too: it summed in fp32, so a resumed run's first
-    step differed from the uninterrupted run's)."""
+    step differed from the uninterrupted run's). With bf16 moments the replicas stay equal
+    too: their stochastic rounding draws the same bits on every rank (a hash of index, value
+    and step count, not a per-process generator)."""
     from mosaic.engine import main_weights
     from tests.helpers import start_workers
 
     monkeypatch.setattr(main_weights, "MIN_ELEMENTS", 1)  # the one-process run's toy weights
-    start_workers(_data_parallel_worker, (2, str(tmp_path), grad_sync, "cpu", toy, accumulation),
-                  nprocs=2)
+    start_workers(_data_parallel_worker,
+                  (2, str(tmp_path), grad_sync, "cpu", toy, accumulation, bf16_moments), nprocs=2)
     check_data_parallel_run(tmp_path, "cpu", toy)
 
 
