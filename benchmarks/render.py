@@ -434,15 +434,16 @@ def _latest_runs(results: Path) -> dict[str | None, Runs]:
     not the row's configuration); never a superseded one, one
     stopped before it measured every contender (`complete` false), nor one without mosaic's
     plan (a variant measured on a baseline's plan alone). Under None every such run; under
-    BF16_MOSAIC and AUTOTUNE only the runs that measured that label, for a column the newest
-    run may lack (one pass over the files for all three)."""
+    BF16_MOSAIC, BF16_MOMENTS_MOSAIC and AUTOTUNE only the runs that measured that label, for
+    a column or row the newest run may lack (one pass over the files for all)."""
     from mosaic.perf.results import superseded, without_superseded_rows
 
     def rank(report: dict[str, Any]) -> tuple[bool, bool, str]:
         one_step = report.get("engine", {}).get("accumulation", 1) == 1
         return user_baseline(report) is not None, one_step, report["date"]
 
-    latest: dict[str | None, Runs] = {None: {}, BF16_MOSAIC: {}, AUTOTUNE: {}}
+    latest: dict[str | None, Runs] = {None: {}, BF16_MOSAIC: {}, BF16_MOMENTS_MOSAIC: {},
+                                      AUTOTUNE: {}}
     for path in _result_files(results, "."):
         report = without_superseded_rows(load(path), path)
         if not _compiled_one_gpu(report) or superseded(path) or not report.get("complete", True):
@@ -527,24 +528,32 @@ BF16_LAYOUTS = {"bf16_weights=true": "", "bf16_weights=true,bf16_flat_grads=fals
 """The bench variants of the bf16 weights' update layouts that `mosaic train` chooses between
 (one launch per module's flat gradients, or a weight at a time), each with its note; other
 variants with bf16 weights are experiments, not the configuration a user trains."""
+BF16_MOMENTS_MOSAIC = "mosaic@bf16_weights=true,bf16_moments=true"
+"""mosaic's plan with bf16 weights and bf16 AdamW moments (`--bf16-moments`: opt-in, another
+optimizer precision, so a row of its own)."""
+BF16_MOMENT_LAYOUTS = {f"{v},bf16_moments=true": note for v, note in BF16_LAYOUTS.items()}
+_LAYOUTS_OF = {BF16_MOSAIC: BF16_LAYOUTS, BF16_MOMENTS_MOSAIC: BF16_MOMENT_LAYOUTS}
 
 
 def _labelled(report: dict[str, Any], label: str) -> dict[str, Any] | None:
-    """The row a column `label` names: for BF16_MOSAIC mosaic's plan with bf16 weights in
-    the faster of the layouts `report` measured, else the row of that label."""
-    if label == BF16_MOSAIC:
-        return _fastest_bf16(report, "mosaic")
+    """The row a column `label` names: for BF16_MOSAIC (BF16_MOMENTS_MOSAIC) mosaic's plan
+    with bf16 weights (and moments) in the faster of the layouts `report` measured, else the
+    row of that label."""
+    if label in _LAYOUTS_OF:
+        return _fastest_bf16(report, "mosaic", _LAYOUTS_OF[label])
     return by_planner(report).get(label)
 
 
-def _fastest_bf16(report: dict[str, Any], planner: str) -> dict[str, Any] | None:
+def _fastest_bf16(report: dict[str, Any], planner: str,
+                  variants: dict[str, str] = BF16_LAYOUTS) -> dict[str, Any] | None:
     rows = by_planner(report)
-    layouts = [rows[f"{planner}@{v}"] for v in BF16_LAYOUTS if f"{planner}@{v}" in rows]
+    layouts = [rows[f"{planner}@{v}"] for v in variants if f"{planner}@{v}" in rows]
     return min(layouts, key=lambda r: r["measured_iteration_s"]) if layouts else None
 
 
 def _layout_note(row: dict[str, Any]) -> str:
-    return BF16_LAYOUTS.get(row["planner"].partition("@")[2], "")
+    variant = row["planner"].partition("@")[2]
+    return BF16_LAYOUTS.get(variant, BF16_MOMENT_LAYOUTS.get(variant, ""))
 
 
 def _bf16_weights_cell(report: dict[str, Any], row: dict[str, Any] | None) -> str:
@@ -621,12 +630,15 @@ def measured_summary(results: Path, arg: str | None) -> str:
                 name = display if preset == "small" else f"{display} (preset paper)"
                 rows.append(_summary_row(name, report, plans["mosaic"], best_baseline(report),
                                          user))
-                bf16_run = _run_with(BF16_MOSAIC, report, having[BF16_MOSAIC].get(key))
-                if bf16_run is not None:
-                    bf16_row = _labelled(bf16_run, BF16_MOSAIC)
-                    rows.append(_summary_row(f"{name}, bf16 weights{_layout_note(bf16_row)}",
-                                             bf16_run, bf16_row,
-                                             _bf16_baseline(bf16_run), user_baseline(bf16_run)))
+                for label, what in ((BF16_MOSAIC, "bf16 weights"),
+                                    (BF16_MOMENTS_MOSAIC, "bf16 weights and moments")):
+                    bf16_run = _run_with(label, report, having[label].get(key))
+                    if bf16_run is not None:
+                        bf16_row = _labelled(bf16_run, label)
+                        rows.append(_summary_row(
+                            f"{name}, {what}{_layout_note(bf16_row)}", bf16_run, bf16_row,
+                            _bf16_baseline(bf16_run, _LAYOUTS_OF[label]),
+                            user_baseline(bf16_run)))
                 tuned_run = _run_with(AUTOTUNE, report, having[AUTOTUNE].get(key))
                 if tuned_run is not None and tuned_run.get("autotune"):
                     rows.append(_summary_row(f"{name}, `--autotune`", tuned_run,
@@ -657,15 +669,20 @@ def _summary_row(name: str, report: dict[str, Any], row: dict[str, Any],
     mosaic = f"**{ms(row['measured_iteration_s'])} ms**"
     if report["preset"] == "paper" and value is not None:
         mosaic += f" ({pct(value, signed=False)} MFU)"
-    with_bf16 = " (bf16 weights too)" if base and "@bf16_weights" in base["planner"] else ""
+    with_bf16 = ("" if not base or "@bf16_weights" not in base["planner"] else
+                 " (bf16 weights and moments too)" if "bf16_moments=true" in base["planner"]
+                 else " (bf16 weights too)")
     return [name, str(report["global_batch"]), f"{ms(user['measured_iteration_s'])} ms",
             f"{ms(base['measured_iteration_s'])} ms{with_bf16}" if base else "–", mosaic,
             f"{_ratio(user, row):.3f}x"]
 
 
-def _bf16_baseline(report: dict[str, Any]) -> dict[str, Any] | None:
-    """The fastest baseline plan with bf16 weights in `report`, else the fastest fp32 one."""
-    same = [row for name in BASELINES if (row := _fastest_bf16(report, name)) is not None]
+def _bf16_baseline(report: dict[str, Any],
+                   variants: dict[str, str] = BF16_LAYOUTS) -> dict[str, Any] | None:
+    """The fastest baseline plan with bf16 weights (in one of `variants`) in `report`, else
+    the fastest fp32 one."""
+    same = [row for name in BASELINES
+            if (row := _fastest_bf16(report, name, variants)) is not None]
     return (min(same, key=lambda r: r["measured_iteration_s"]) if same
             else best_baseline(report))
 

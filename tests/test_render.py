@@ -189,6 +189,15 @@ def test_the_bf16_row_takes_the_faster_update_layout_and_names_it(tmp_path):
     row = next(line for line in render.targets_one_gpu(tmp_path, None).splitlines()
                if "32 (1x)" in line and "| clip | small" in line)
     assert "16.50 ms (a weight at a time): 1.030x megatron with bf16 weights" in row
+    # bf16 moments too (opt-in): a README row of their own, against the baselines' plans
+    # with bf16 moments; the bf16-weights row keeps the fp32-moment layouts
+    moments = "@bf16_weights=true,bf16_flat_grads=false,bf16_moments=true"
+    report["results"] += [plan_row(f"mosaic{moments}", 15.0), plan_row(f"megatron{moments}", 15.5)]
+    path.write_text(json.dumps(report))
+    readme = render.measured_summary(tmp_path, None).splitlines()[2:]
+    assert readme[1].startswith("| CLIP, bf16 weights (a weight at a time) | 32 |")
+    assert readme[2] == ("| CLIP, bf16 weights and moments (a weight at a time) | 32 | 23.10 ms "
+                         "| 15.50 ms (bf16 weights and moments too) | **15.00 ms** | 1.540x |")
 
 
 def test_a_user_program_compiled_by_blocks_is_no_baseline(tmp_path):
