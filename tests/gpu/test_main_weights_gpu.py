@@ -317,3 +317,27 @@ def test_bf16_moments_in_the_captured_compiled_step_follow_fp32_moments():
     relative = (v_bf16 - v_fp32) / v_fp32
     assert abs(float(relative.mean())) < 1e-3  # unbiased over 4 M moments
     assert float(relative.abs().mean()) < 2 ** -6  # a few rounding steps of noise, no more
+
+
+def test_bf16_moments_round_on_the_gpu_as_on_the_cpu():
+    """The hashed rounding is integer arithmetic on the index, the new main weight's bits and
+    the step count: the compiled, captured update on the GPU rounds the moments as the CPU's
+    eager one does, except where fp32 arithmetic left the main weight a bit apart (then at
+    most one bf16 step apart)."""
+    torch.manual_seed(0)
+    start = torch.randn(512, 256)
+    states = {}
+    for device in ("cpu", "cuda"):
+        weight = nn.Parameter(start.to(device=device, dtype=torch.bfloat16))
+        weight.grad = torch.empty_like(weight)
+        optimizer = MainWeightsAdamW([weight], 1e-3, moments="bf16")
+        for step in range(STEPS):
+            generator = torch.Generator().manual_seed(step)
+            weight.grad.copy_(torch.randn(weight.shape, generator=generator))
+            optimizer.step()
+        states[device] = {k: optimizer.state[weight][k].float().cpu()
+                          for k in ("exp_avg", "exp_avg_sq")}
+    for key in ("exp_avg", "exp_avg_sq"):
+        cpu, gpu = states["cpu"][key], states["cuda"][key]
+        assert float((cpu == gpu).float().mean()) > 0.9
+        assert bool(((cpu - gpu).abs() <= cpu.abs() * 2 ** -7 + 1e-30).all())
