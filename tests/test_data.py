@@ -144,6 +144,24 @@ def test_digits_zero_shot_accuracy_of_untrained_clip_is_a_fraction():
     assert 0.0 <= result["zero_shot_accuracy"] <= 1.0 and result["test_images"] == 359
 
 
+def test_digits_zero_shot_accuracy_after_training_with_bf16_weights(monkeypatch):
+    """The evaluation runs the modules under the training's bf16 autocast: with bf16 weights
+    (every tiny weight cast here) it failed on fp32 inputs ("mat2 must have the same dtype")."""
+    from mosaic.engine import main_weights
+    from mosaic.engine.session import EngineConfig
+    from mosaic.engine.trainer import TrainConfig, train
+
+    monkeypatch.setattr(main_weights, "MIN_ELEMENTS", 1)
+    graph = get_model("clip").graph("tiny", global_batch=16)
+    result = train(TrainConfig(
+        model="clip", preset="tiny", plan=api.plan(graph, 1, planner="megatron",
+                                                   perf_model="analytic"),
+        steps=2, warmup_steps=0, global_batch=16, device="cpu", data="digits", progress=False,
+        engine=EngineConfig(bf16_weights=True, bf16_moments=True)))
+    assert any(p.dtype == torch.bfloat16 for m in result.modules.values() for p in m.parameters())
+    assert 0.0 <= result.summary["eval"]["zero_shot_accuracy"] <= 1.0
+
+
 def test_digits_refuse_a_model_that_is_not_clip_shaped():
     with pytest.raises(DataError, match="CLIP-shaped"):
         with_dataset(get_model("imagebind"), "digits", "tiny")

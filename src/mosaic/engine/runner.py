@@ -225,6 +225,8 @@ class PlanRunner:
         self.sharded = self._shard_modules()
         """Modules whose states FSDP2 shards: see "Sharded states" in the module doc."""
         amp = self.cuda if self.config.amp is None else self.config.amp
+        self.amp = amp
+        """Whether the modules run under bf16 autocast (evaluation runs them so too)."""
         self.micro_batches = plan.micro_batches
         self._check_micro_batches()
         self._homes = {m: gradient_home(
