@@ -13,7 +13,8 @@ Renderers: one-gpu-bench[:DIR], green-probe[:FILE], gemm-probe:FILE, bench:DIR_O
 scaling-sim[:DIR], variants:DIR, targets-1gpu, profile-recipe[:DB],
 step-fit:FILE,FILE[,...], kernel-time:FILE[,...], train-in-flight:DIR, train-summaries:DIR,
 guard-host-cost:FILE, autotune-choices:FILE, gate-misses[:DIR], main-weights-profile:DB,
-checkpoint-background:DIR, busy-fractions:FILE, memory-peaks:DIR[,DIR...].
+checkpoint-background:DIR, busy-fractions:FILE, memory-peaks:DIR[,DIR...],
+moments-digits:FILE.
 """
 
 from __future__ import annotations
@@ -1127,6 +1128,25 @@ def main_weights_profile(results: Path, arg: str | None) -> str:
                   "a weight at a time, ms", "flat, one launch, ms", "gradient copy, ms",
                   "a weight at a time adds, ms", "bf16 moments: a weight at a time, ms",
                   "bf16 moments: flat, ms"], rows)
+
+
+@renderer("moments-digits")
+def moments_digits(results: Path, arg: str | None) -> str:
+    """benchmarks/bf16_moments_digits.py's JSON at results/ARG: per weights and moments
+    setting, the final loss and zero-shot accuracy over the seeds (mean, min-max)."""
+    if not arg or not (results / arg).is_file():
+        raise RenderError("moments-digits needs bf16_moments_digits.py's JSON under results/")
+    run = load(results / arg)
+
+    def spread(values: list[float], digits: int) -> str:
+        return (f"{sum(values) / len(values):.{digits}f} "
+                f"({min(values):.{digits}f}-{max(values):.{digits}f})")
+
+    rows = [[name, str(len(seeds)), spread([r["final_loss"] for r in seeds], 4),
+             spread([100 * r["zero_shot_accuracy"] for r in seeds], 1)]
+            for name, seeds in run["runs"].items()]
+    return table(["setting", "seeds", f"loss, mean of the last {run['tail_steps']} steps "
+                  "(min-max)", "zero-shot accuracy, % (min-max)"], rows)
 
 
 # --- checkpoint saves written before the next step or in the background ------------------------

@@ -246,6 +246,14 @@ def test_a_run_whose_bf16_rows_are_superseded_keeps_its_row_without_its_bf16_cel
     assert row.endswith("| – | – |")  # no bf16 cell, no autotune cell
 
 
+def test_moments_digits_gives_each_settings_mean_and_spread_over_seeds(tmp_path):
+    runs = {"fp32 weights": [{"final_loss": 1.0, "zero_shot_accuracy": 0.5},
+                             {"final_loss": 2.0, "zero_shot_accuracy": 0.7}]}
+    (tmp_path / "d.json").write_text(json.dumps({"tail_steps": 20, "runs": runs}))
+    lines = render.moments_digits(tmp_path, "d.json").splitlines()
+    assert lines[2] == "| fp32 weights | 2 | 1.5000 (1.0000-2.0000) | 60.0 (50.0-70.0) |"
+
+
 def test_memory_peaks_sets_the_memory_model_beside_the_trained_peaks(tmp_path):
     """One row per model, preset, batch and weights of the one-GPU GPU runs: the highest
     peak; CPU runs, runs on several GPUs and accumulated runs are left out."""
