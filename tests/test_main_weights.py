@@ -393,6 +393,10 @@ def test_training_with_bf16_weights_resumes_exactly_and_an_fp32_run_refuses_its_
     with pytest.raises((TrainError, CheckpointError), match="bf16_weights"):
         train(TrainConfig(steps=6, checkpoint=ckpt, resume=True, engine=fp32, **common),
               model=model)
+    other_moments = replace(bf16, bf16_moments=not bf16_moments)
+    with pytest.raises(CheckpointError, match="bf16_moments"):  # not cast silently
+        train(TrainConfig(steps=6, checkpoint=ckpt, resume=True, engine=other_moments, **common),
+              model=model)
 
 
 def test_a_bf16_run_refuses_an_fp32_runs_checkpoint(tmp_path, monkeypatch):

@@ -445,11 +445,19 @@ def _prepare_load(info: CheckpointInfo, state: _LiveState) -> tuple[dict[str, to
         dtype = getattr(getattr(saved[key], "properties", None), "dtype", tensor.dtype)
         if dtype != tensor.dtype:  # DCP would cast: bf16 weights would lose their fp32 mains
             raise CheckpointError(f"{info.path}: {key} is {dtype} there but {tensor.dtype} "
-                                  "here; resume with the weights' precision it was saved with "
-                                  "(engine bf16_weights)")
+                                  f"here; {_precision_fix(key)}")
     for key in wanted:
         state.set_value(key, values[key])
     return tensors, saved_optimizer
+
+
+def _precision_fix(key: str) -> str:
+    """What to resume with where a saved tensor's dtype differs from the live one's: AdamW's
+    moments follow --bf16-moments, everything else the weights' precision."""
+    if key.rsplit(".", 1)[-1] in ("exp_avg", "exp_avg_sq"):
+        return ("resume with the moments' precision it was saved with (engine bf16_moments, "
+                "`mosaic train --bf16-moments` on or off)")
+    return "resume with the weights' precision it was saved with (engine bf16_weights)"
 
 
 def _missing_message(folder: Path, missing: list[str], saved: Mapping[str, Any]) -> str:
