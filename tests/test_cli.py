@@ -217,6 +217,15 @@ def test_plan_with_bf16_weights_predicts_the_step_without_weight_casts(tmp_path)
     (note,) = bf16["notes"]
     assert note.startswith("megatron: `mosaic train --bf16-weights` updates this plan a weight")
     assert float(note.rsplit(" ", 2)[-2]) < step["bf16"] * 1e3
+    # bf16 moments too: the shipped profile's measured update with them, a weight at a time
+    moments = mosaic(*args, "--bf16-weights", "--bf16-moments", "--compile-scope", "blocks",
+                     "--out", str(tmp_path / "moments"))
+    assert moments.returncode == 0, moments.stderr
+    moments = json.loads(moments.stdout)
+    assert moments["perf_model"].count("+bf16-moments") == 1
+    (moments_note,) = moments["notes"]
+    assert moments_note.startswith("megatron: `mosaic train --bf16-weights --bf16-moments` ")
+    assert float(moments_note.rsplit(" ", 2)[-2]) < float(note.rsplit(" ", 2)[-2]) - 4.0
 
 
 def test_the_cli_reference_is_current():

@@ -313,12 +313,13 @@ def plan(
 
     perf = perf_for()
     plans = plan_all(graph, cluster, perf, _planner_names(planners))
-    notes = _update_layout_notes(plans, graph, perf, perf_for) if bf16_weights else []
+    flags = "--bf16-weights" + (" --bf16-moments" if bf16_moments else "")
+    notes = _update_layout_notes(plans, graph, perf, perf_for, flags) if bf16_weights else []
     _emit_plans(plans, graph, perf, out, str(hardware), as_json, notes)
 
 
-def _update_layout_notes(plans, graph, perf, perf_for) -> list[str]:
-    """For each plan that `mosaic train --bf16-weights` would update a weight at a time
+def _update_layout_notes(plans, graph, perf, perf_for, flags: str) -> list[str]:
+    """For each plan that `mosaic train` with `flags` would update a weight at a time
     (predicted_update_layout's choice), its prediction so."""
     notes, per_weight_perf = [], None
     for plan in plans:
@@ -326,7 +327,7 @@ def _update_layout_notes(plans, graph, perf, perf_for) -> list[str]:
         if saving is None:
             continue
         per_weight_perf = per_weight_perf or perf_for(per_weight=True)
-        notes.append(f"{plan.planner}: `mosaic train --bf16-weights` updates this plan a weight at a "
+        notes.append(f"{plan.planner}: `mosaic train {flags}` updates this plan a weight at a "
                      f"time (predicted {saving * 1e3:.2f} ms a step faster than the flat update):"
                      f" {per_weight_perf.iteration_time_s(plan, graph) * 1e3:.2f} ms")
     return notes
