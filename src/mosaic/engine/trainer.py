@@ -445,10 +445,9 @@ def _evaluate(model: TrainableModel, graph: MMGraph, session: RankSession) -> di
     evaluate = getattr(model, "evaluate", None)
     if evaluate is None or not set(graph.names) <= set(session.modules):
         return None
-    if not session.runner.amp:
-        return evaluate(session.modules)
     # Under the training's autocast: bf16 weights (--bf16-weights) meet fp32 inputs otherwise.
-    with torch.autocast(session.runner.device.type, dtype=torch.bfloat16):
+    with (torch.autocast(session.runner.device.type, dtype=torch.bfloat16)
+          if session.runner.amp else contextlib.nullcontext()):
         return evaluate(session.modules)
 
 
