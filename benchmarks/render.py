@@ -929,9 +929,9 @@ def train_summaries(results: Path, arg: str | None) -> str:
 def memory_peaks(results: Path, arg: str | None) -> str:
     """Every one-GPU `mosaic train` summary on a GPU under the comma-separated directories
     ARG of results/ that recorded its peak (torch's max allocated), grouped by model, preset,
-    batch and weights: the highest peak against the memory model's estimate for the GPU
-    (`plan.gpu_memory_bytes`, which on one GPU does not depend on the plan; it keeps fp32
-    weights' accounting either way)."""
+    batch and precision (weights, their update's layout, moments): the highest peak against
+    the memory model's estimate for the GPU (`plan.gpu_memory_bytes` of the graph with that
+    precision, which on one GPU does not depend on the plan)."""
     if not arg:
         raise RenderError("memory-peaks needs directories under results/, comma-separated")
     groups: dict[tuple[str, str, int, str], list[float]] = {}
@@ -941,20 +941,29 @@ def memory_peaks(results: Path, arg: str | None) -> str:
         if (not str(r.get("device", "")).startswith("cuda") or r.get("num_gpus") != 1
                 or not r.get("peak_memory_bytes") or r.get("accumulation", 1) != 1):
             continue
-        key = (r["model"], r["preset"], r["global_batch"],
-               "bf16" if r.get("bf16_weights") else "fp32")
+        precision = (bool(r.get("bf16_weights")), bool(r.get("bf16_moments")),
+                     r.get("bf16_flat_grads", True) is not False)
+        key = (r["model"], r["preset"], r["global_batch"], precision)
         groups.setdefault(key, []).append(float(r["peak_memory_bytes"]))
     rows = []
-    for (model, preset, batch, weights), peaks in sorted(groups.items()):
-        predicted = _one_gpu_memory_bytes(model, preset, batch)
-        rows.append([model, preset, str(batch), weights, str(len(peaks)),
+    for (model, preset, batch, precision), peaks in sorted(groups.items()):
+        predicted = _one_gpu_memory_bytes(model, preset, batch, *precision[:2])
+        rows.append([model, preset, str(batch), _precision_label(*precision), str(len(peaks)),
                      f"{max(peaks) / 2**30:.1f}", f"{predicted / 2**30:.1f}",
                      pct(predicted / max(peaks) - 1)])
     return table(["model", "preset", "batch", "weights", "runs", "measured peak, GiB (highest)",
                   "memory model, GiB", "model vs peak"], rows)
 
 
-def _one_gpu_memory_bytes(model: str, preset: str, batch: int) -> float:
+def _precision_label(bf16_weights: bool, bf16_moments: bool, flat: bool) -> str:
+    if not bf16_weights:
+        return "fp32"
+    return ("bf16 (flat update" if flat else "bf16 (a weight at a time") + (
+        ", bf16 moments)" if bf16_moments else ")")
+
+
+def _one_gpu_memory_bytes(model: str, preset: str, batch: int, bf16_weights: bool = False,
+                          bf16_moments: bool = False) -> float:
     """The memory model's bytes on one GPU holding every module (megatron's plan)."""
     from mosaic.hardware import make_cluster
     from mosaic.perf.analytic import AnalyticModel
@@ -962,7 +971,8 @@ def _one_gpu_memory_bytes(model: str, preset: str, batch: int) -> float:
     from mosaic.planners import plan_all
     from mosaic.zoo import get_model
 
-    graph = get_model(model).graph(preset, global_batch=batch)
+    graph = get_model(model).graph(preset, global_batch=batch).with_precision(
+        bf16_weights=bf16_weights, bf16_moments=bf16_moments)  # either layout counts alike
     cluster = make_cluster(1, "h200")
     (plan,) = plan_all(graph, cluster, AnalyticModel(cluster), ["megatron"])
     return gpu_memory_bytes(plan, graph)[0]

@@ -226,6 +226,14 @@ def test_plan_with_bf16_weights_predicts_the_step_without_weight_casts(tmp_path)
     (moments_note,) = moments["notes"]
     assert moments_note.startswith("megatron: `mosaic train --bf16-weights --bf16-moments` ")
     assert float(moments_note.rsplit(" ", 2)[-2]) < float(note.rsplit(" ", 2)[-2]) - 4.0
+    # The layout named: predicted as the note said, no note
+    per_weight = mosaic(*args, "--bf16-weights", "--bf16-moments", "--no-bf16-flat-grads",
+                        "--compile-scope", "blocks", "--out", str(tmp_path / "per-weight"))
+    assert per_weight.returncode == 0, per_weight.stderr
+    per_weight = json.loads(per_weight.stdout)
+    assert per_weight["notes"] == []
+    predicted_ms = per_weight["plans"][0]["predicted_iteration_s"] * 1e3
+    assert predicted_ms == pytest.approx(float(moments_note.rsplit(" ", 2)[-2]), abs=0.01)
 
 
 def test_the_cli_reference_is_current():

@@ -128,6 +128,7 @@ def test_click_usage_errors_are_one_line_too(cli):
      ["--no-bf16-flat-grads", "add --bf16-weights"]),
     (["train", "clip", "--preset", "tiny", "--bf16-moments"], ["--bf16-moments", "add --bf16-weights"]),
     (["plan", "clip", "--bf16-moments"], ["--bf16-moments", "add --bf16-weights"]),
+    (["plan", "clip", "--no-bf16-flat-grads"], ["--no-bf16-flat-grads", "add --bf16-weights"]),
     (["bench-planner", "--modules", "0"], ["--modules"]),
     (["bench-planner", "--gpus", "0"], ["--gpus"]),
     (["bench-planner", "--gpus", "12"], ["--gpus 12", "whole number"]),

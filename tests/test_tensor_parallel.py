@@ -158,7 +158,8 @@ def test_mosaic_tp_uses_tp_where_it_is_predicted_faster():
     # real one, with autocast's weight copies, does not: TP would be needed, not chosen).
     paper = get_model("qwen3-vl").graph("paper")
     graph = replace(paper, modules=tuple(
-        replace(m, num_params=int(0.85 * m.num_params)) if m.name == "llm" else m
+        replace(m, num_params=int(0.85 * m.num_params),
+                bf16_weight_params=int(0.85 * m.bf16_weight_params)) if m.name == "llm" else m
         for m in paper.modules))
     cluster = make_cluster(8)
     perf = make_perf_model("profiled", cluster, preset="paper")

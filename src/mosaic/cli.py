@@ -275,7 +275,7 @@ def plan(
                                          callback=_model_or_graph)],
     gpus: Annotated[int, typer.Option(help="number of GPUs")] = 8,
     hardware: Annotated[HardwareName, typer.Option(help="GPU kind", case_sensitive=False)] = HardwareName.h200,
-    preset: Annotated[PresetName, typer.Option(help="size of a zoo model")] = PresetName.paper,
+    preset: Annotated[PresetName, typer.Option(help="size of a zoo model: paper, small or tiny")] = PresetName.paper,
     batch: Annotated[int | None, typer.Option(min=1, help="global batch (default: the preset's)")] = None,
     planners: Annotated[str, typer.Option(help="comma-separated planners",
                                           callback=_check_planners)] = DEFAULT_PLANNERS,
@@ -290,6 +290,11 @@ def plan(
     bf16_moments: Annotated[bool, typer.Option(
         help="with --bf16-weights: predict for their AdamW moments kept in bf16 too "
         "(`mosaic train --bf16-moments`)")] = False,
+    per_weight_update: Annotated[bool, typer.Option(
+        "--no-bf16-flat-grads",
+        help="with --bf16-weights: predict for `mosaic train --no-bf16-flat-grads` (updated "
+        "a weight at a time); by default the flat update, with a note for each plan train "
+        "would update a weight at a time")] = False,
     out: Annotated[Path | None, typer.Option(help="directory for plan JSON and timeline PNGs",
                                              callback=_out_dir)] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
@@ -302,8 +307,12 @@ def plan(
     if bf16_moments and not bf16_weights:
         raise OptionError("--bf16-moments predicts for bf16 weights' moments in bf16: add "
                           "--bf16-weights, or drop it")
+    if per_weight_update and not bf16_weights:
+        raise OptionError("--no-bf16-flat-grads chooses how bf16 weights are updated: add "
+                          "--bf16-weights, or drop it")
     cluster = make_cluster(gpus, str(hardware))
-    graph = load_graph(model, str(preset), batch)
+    graph = load_graph(model, str(preset), batch).with_precision(
+        bf16_weights=bf16_weights, bf16_moments=bf16_moments)
     _check_gpus_useful(gpus, graph)
     out = check_out_dir(out or Path("runs") / f"plan-{graph.name}-{gpus}")
     def perf_for(per_weight: bool = False):
@@ -311,10 +320,11 @@ def plan(
                                engine=planned_engine_kind(gpus, str(compile_scope), bf16_weights,
                                                           per_weight, bf16_moments))
 
-    perf = perf_for()
+    perf = perf_for(per_weight=per_weight_update)
     plans = plan_all(graph, cluster, perf, _planner_names(planners))
     flags = "--bf16-weights" + (" --bf16-moments" if bf16_moments else "")
-    notes = _update_layout_notes(plans, graph, perf, perf_for, flags) if bf16_weights else []
+    notes = (_update_layout_notes(plans, graph, perf, perf_for, flags)
+             if bf16_weights and not per_weight_update else [])
     _emit_plans(plans, graph, perf, out, str(hardware), as_json, notes)
 
 
@@ -387,7 +397,7 @@ def simulate(
     planner: Annotated[str, typer.Option(help="planner when there is no --plan",
                                          callback=_check_planner)] = "mosaic",
     hardware: Annotated[HardwareName, typer.Option(help="GPU kind", case_sensitive=False)] = HardwareName.h200,
-    preset: Annotated[PresetName, typer.Option(help="size of a zoo model")] = PresetName.paper,
+    preset: Annotated[PresetName, typer.Option(help="size of a zoo model: paper, small or tiny")] = PresetName.paper,
     batch: Annotated[int | None, typer.Option(min=1, help="global batch (default: the preset's; "
                                               "planned here: the preset's per node x nodes)")] = None,
     perf_model: Annotated[PerfModelName, typer.Option("--perf-model", help="auto: profiled where a "
@@ -468,7 +478,7 @@ def train(
                                                 callback=_check_planner)] = None,
     gpus: Annotated[int | None, typer.Option(help="GPUs (= processes); default: the world size")] = None,
     steps: Annotated[int, typer.Option(help="optimizer steps")] = 20,
-    preset: Annotated[PresetName, typer.Option(help="size of the zoo model")] = PresetName.tiny,
+    preset: Annotated[PresetName, typer.Option(help="size of the zoo model: paper, small or tiny")] = PresetName.tiny,
     batch: Annotated[int | None, typer.Option(help="global batch (default: the preset's)")] = None,
     metrics: Annotated[Path | None, typer.Option(help="JSONL file, one line per step",
                                                  callback=_out_file("--metrics"))] = None,
@@ -645,7 +655,8 @@ def _training_plan(model: str, preset: str, batch: int | None, gpus: int, hardwa
     from mosaic.hardware import make_cluster
     from mosaic.zoo import get_model
 
-    graph = get_model(model).graph(preset, global_batch=batch)
+    graph = get_model(model).graph(preset, global_batch=batch).with_precision(
+        bf16_weights=engine.bf16_weights, bf16_moments=engine.bf16_moments)
     cluster = make_cluster(gpus, hardware)
     def perf_for(engine):  # accumulating, a plan is searched for one micro-step's batch
         return load_perf_model(perf_model, cluster, preset, profile_db,
@@ -692,11 +703,36 @@ Qwen3-VL `small` b8 (2.0% predicted, 2.5% measured) and Unified-IO 2 `paper` b4 
 a weight at a time, CLIP `paper` b32 (1.1% slower predicted, 1.0-2.8% measured) flat."""
 
 
+FLAT_TUNING_HOST_SHARE = 0.5
+"""The flat bf16 update is one Inductor kernel a module that writes the module's bf16 weights,
+main weights and moments; Inductor autotunes it on its first call and first copies what it
+writes to pinned host memory. On the 128 GiB host of the H200 machine that copy failed for
+Qwen3-VL `paper`'s LLM (70 GiB with bf16 moments) and worked for Unified-IO 2 `paper`'s (46
+GiB with fp32 moments): a module whose flat update writes more than this share of the host's
+memory is updated a weight at a time (a weight's kernel writes at most one weight's bytes)."""
+
+
+def _flat_update_too_large(graph) -> str | None:
+    """The module whose flat update's autotuning copy would not fit the host, with a line
+    saying so; None when every module's fits."""
+    host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    for spec in graph.modules:
+        written = spec.stored_bf16_params * (2 + 4 + (4 if spec.bf16_moments else 8))
+        if written > FLAT_TUNING_HOST_SHARE * host:
+            return (f"bf16 update: a weight at a time: the flat update of module {spec.name!r} "
+                    f"writes {written / 2**30:.0f} GiB, which Inductor's autotuning copies to "
+                    f"host memory first ({host / 2**30:.0f} GiB here)")
+    return None
+
+
 def predicted_update_layout(plan, graph, perf, engine):
-    """`engine` with the bf16 update a weight at a time where `perf` (a profiled model with
-    the modules' measured updates) predicts it PER_WEIGHT_MARGIN of a step faster than the
-    flat one, on one GPU without accumulation (where the layouts were measured); else as
-    given. Also a line saying so, or None."""
+    """`engine` with the bf16 update a weight at a time where a module's flat update is too
+    large to autotune (FLAT_TUNING_HOST_SHARE) or `perf` (a profiled model with the modules'
+    measured updates) predicts it PER_WEIGHT_MARGIN of a step faster than the flat one, on
+    one GPU without accumulation (where the layouts were measured); else as given. Also a
+    line saying so, or None."""
+    if too_large := _flat_update_too_large(graph):
+        return dataclasses.replace(engine, bf16_flat_grads=False), too_large
     saving = per_weight_saving_s(plan, graph, perf) if engine.accumulation == 1 else None
     if saving is None:
         return engine, None

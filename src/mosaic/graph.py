@@ -7,7 +7,7 @@ planners and the engine all read it, none of them needs the nn.Modules themselve
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from mosaic.errors import MosaicError
@@ -26,6 +26,14 @@ BYTES_PER_PARAM_STEP = 40.0
 """Weights read forward and backward, fp32 gradient written, AdamW state read and written."""
 ACTIVATION_PASSES = 3.0
 """Activations written forward, read backward, and their gradients written."""
+FP32_STATE_BYTES = 16.0
+"""An fp32 parameter's weight, gradient and two AdamW moments, 4 bytes each."""
+BF16_WEIGHT_STATE_BYTES = 8.0
+"""A bf16 weight 2, its fp32 main copy 4 and its bf16 gradient 2, moments apart."""
+BF16_GRAD_BYTES = 2.0
+"""The bf16 gradient's second copy (ModuleSpec.static_bytes)."""
+FP32_MOMENT_BYTES = 8.0
+BF16_MOMENT_BYTES = 4.0
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -58,6 +66,14 @@ class ModuleSpec:
     """Largest tensor-parallel degree the module has a TP plan for (1: none); any degree that
     divides it splits its attention heads, KV heads and MLP width evenly (see
     `mosaic.tensor_parallel`)."""
+    bf16_weight_params: int = 0
+    """Parameters `--bf16-weights` stores in bf16: the weights of nn.Linear and of convolutions
+    with at least 65,536 elements, not tied elsewhere (counted on the real module with the
+    engine's own rule; 0: unknown, every parameter counted fp32)."""
+    bf16_weights: bool = False
+    """Training stores those weights in bf16 with fp32 main copies (`MMGraph.with_precision`)."""
+    bf16_moments: bool = False
+    """...and their AdamW moments in bf16 too (needs bf16_weights)."""
 
     def __post_init__(self) -> None:
         if not self.name or not self.name.replace("_", "").replace("-", "").isalnum():
@@ -70,6 +86,13 @@ class ModuleSpec:
         if self.max_tensor_parallel < 1:
             raise GraphError(f"module {self.name!r}: max_tensor_parallel="
                              f"{self.max_tensor_parallel} must be >= 1 (1: no tensor parallelism)")
+        if not 0 <= self.bf16_weight_params <= self.num_params:
+            raise GraphError(f"module {self.name!r}: bf16_weight_params="
+                             f"{self.bf16_weight_params} must be between 0 and num_params "
+                             f"({self.num_params})")
+        if self.bf16_moments and not self.bf16_weights:
+            raise GraphError(f"module {self.name!r}: bf16_moments=true keeps the bf16 weights' "
+                             "moments in bf16: set bf16_weights=true too, or drop it")
 
     @property
     def kernels_per_step(self) -> int:
@@ -77,12 +100,24 @@ class ModuleSpec:
         return self.num_kernels or max(8, 42 * self.num_layers)
 
     @property
+    def stored_bf16_params(self) -> int:
+        """Parameters training stores in bf16 (0 unless bf16_weights)."""
+        return self.bf16_weight_params if self.bf16_weights else 0
+
+    @property
     def static_bytes(self) -> float:
-        """fp32 parameters and gradients and AdamW's two fp32 moments, 4 + 4 + 4 + 4 bytes: the
-        engine trains fp32 weights under bf16 autocast. The bf16 copy of each weight that
-        autocast keeps for the backward is counted with the activations
-        (tensor_parallel.autocast_weight_bytes)."""
-        return 16.0 * self.num_params
+        """Weights, gradients and AdamW's two moments: 4 + 4 + 4 + 4 bytes an fp32 parameter
+        (the engine trains fp32 weights under bf16 autocast); a bf16 weight's are the bf16
+        weight 2, its fp32 main copy 4, its bf16 gradient twice, 2 + 2, and the moments, 8 in
+        fp32 or 4 in bf16. The second gradient is the flat update's buffer, or, updated a weight
+        at a time, the first step's gradients that live on while the backward graph is
+        captured beside them (measured on the H200, Qwen3-VL `paper` b2: 99.0 GiB allocated in
+        steady steps, 130.5 at capture). The bf16 copy of each fp32 weight that autocast keeps
+        for the backward is counted with the activations (tensor_parallel.autocast_weight_bytes)."""
+        bf16 = self.stored_bf16_params
+        per_bf16 = (BF16_WEIGHT_STATE_BYTES + BF16_GRAD_BYTES
+                    + (BF16_MOMENT_BYTES if self.bf16_moments else FP32_MOMENT_BYTES))
+        return FP32_STATE_BYTES * (self.num_params - bf16) + per_bf16 * bf16
 
     def step_traffic_bytes(self, per_gpu_batch: int) -> float:
         """Device-memory bytes one forward + backward + optimizer step moves (a count, not a
@@ -155,6 +190,13 @@ class MMGraph:
     def sinks(self) -> list[str]:
         return [n for n in self.names if not self.successors(n)]
 
+    def with_precision(self, *, bf16_weights: bool, bf16_moments: bool = False) -> MMGraph:
+        """The graph as `mosaic train` with these flags holds it: what its memory counts
+        (ModuleSpec.static_bytes) follows the weights' and moments' dtypes."""
+        return replace(self, modules=tuple(
+            replace(m, bf16_weights=bf16_weights, bf16_moments=bf16_moments)
+            for m in self.modules))
+
     def total_flops(self) -> float:
         """Forward + backward FLOPs of one training iteration."""
         return sum(m.flops_per_sample for m in self.modules) * self.global_batch
@@ -199,7 +241,8 @@ class MMGraph:
 _NUMBER_FIELDS = {"num_params": int, "num_layers": int, "hidden_dim": int,
                   "tokens_per_sample": int, "flops_per_sample": float,
                   "activation_bytes_per_sample": float, "output_bytes_per_sample": float,
-                  "num_kernels": int, "max_tensor_parallel": int}
+                  "num_kernels": int, "max_tensor_parallel": int, "bf16_weight_params": int}
+_FLAG_FIELDS = ("bf16_weights", "bf16_moments")
 _REQUIRED_FIELDS = ("name", "kind", "input_shape", "num_params", "flops_per_sample",
                     "activation_bytes_per_sample", "output_bytes_per_sample")
 
@@ -211,10 +254,14 @@ def _module_from_dict(m: Any, index: int) -> ModuleSpec:
     if not isinstance(m, dict):
         raise GraphError(f"{where}: a module must be an object with keys {list(_REQUIRED_FIELDS)}")
     missing = [k for k in _REQUIRED_FIELDS if k not in m]
-    unknown = sorted(set(m) - set(_REQUIRED_FIELDS) - set(_NUMBER_FIELDS))
+    optional = sorted({*_NUMBER_FIELDS, *_FLAG_FIELDS} - set(_REQUIRED_FIELDS))
+    unknown = sorted(set(m) - set(_REQUIRED_FIELDS) - set(optional))
     if missing or unknown:
         raise GraphError(f"{where}: missing {missing} / unknown {unknown} keys; a module has "
-                         f"{list(_REQUIRED_FIELDS)} and optionally {sorted(set(_NUMBER_FIELDS) - set(_REQUIRED_FIELDS))}")
+                         f"{list(_REQUIRED_FIELDS)} and optionally {optional}")
+    for key in _FLAG_FIELDS:
+        if key in m and not isinstance(m[key], bool):
+            raise GraphError(f"{where}: {key} = {m[key]!r} must be true or false")
     for key, kind in _NUMBER_FIELDS.items():
         value = m.get(key)
         if key in m and (isinstance(value, bool) or not isinstance(value, int | float)

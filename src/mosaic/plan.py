@@ -27,7 +27,7 @@ from mosaic.files import write_text_atomic
 from mosaic.graph import MMGraph
 from mosaic.hardware import ClusterSpec
 from mosaic.sharding import saved_bytes, state_bytes
-from mosaic.tensor_parallel import bytes_per_gpu
+from mosaic.tensor_parallel import bf16_precision_saving, bytes_per_gpu
 
 SHARING_MODES = ("temporal", "partition", "cap", "free")
 PLAN_FORMAT_VERSION = 1
@@ -419,4 +419,18 @@ def memory_fix(plan: Plan, graph: MMGraph, gpu: int, excess: float) -> str:
         return (f"shard the states of module {names} (\"shard\": true on its placement saves "
                 f"{saved / 2**30:.1f} GiB on GPU {gpu}), spread the modules over more GPUs or "
                 "lower the batch")
-    return "spread the modules over more GPUs or lower the batch"
+    return f"{_bf16_fix(plan, graph, gpu, excess)}spread the modules over more GPUs or lower the batch"
+
+
+def _bf16_fix(plan: Plan, graph: MMGraph, gpu: int, excess: float) -> str:
+    """'train with FLAGS (saves N GiB on GPU g), ' when bf16 weights and moments would free
+    `excess` there (the engine keeps bf16 weights only whole: no shard, no TP), else ''."""
+    placed = [p for s in plan.stages for p in s.placements if gpu in p.gpus]
+    if any(p.shard or p.tensor_parallel > 1 for p in placed):
+        return ""
+    savings = [bf16_precision_saving(graph.module(p.module)) for p in placed]
+    saved = sum(amount for amount, _ in savings)
+    flags = max((f for _, f in savings), key=len, default="")
+    if not flags or saved < excess:
+        return ""
+    return f"train with {flags} (saves {saved / 2**30:.1f} GiB on GPU {gpu}), "

@@ -50,8 +50,9 @@ def state_bytes(spec: ModuleSpec, dp_degree: int, shard: bool) -> float:
 
 
 def saved_bytes(spec: ModuleSpec, dp_degree: int) -> float:
-    """Bytes per GPU that sharding over `dp_degree` GPUs saves (<= 0: it saves nothing)."""
-    if dp_degree < 2:
+    """Bytes per GPU that sharding over `dp_degree` GPUs saves (<= 0: it saves nothing; so for
+    bf16 weights, which the engine does not shard: main_weights.bf16_weights_refusal)."""
+    if dp_degree < 2 or spec.bf16_weights:
         return 0.0
     return spec.static_bytes - state_bytes(spec, dp_degree, shard=True)
 

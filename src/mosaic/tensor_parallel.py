@@ -21,6 +21,8 @@ What the cost model assumes (counts, not measurements):
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from mosaic.graph import ModuleSpec
 from mosaic.hardware import ClusterSpec
 
@@ -50,11 +52,23 @@ def bytes_per_gpu(spec: ModuleSpec, per_gpu_batch: int, tensor_parallel: int = 1
             + spec.activation_bytes_per_sample * per_gpu_batch * activation_fraction(t))
 
 
+def bf16_precision_saving(spec: ModuleSpec) -> tuple[float, str]:
+    """Bytes a GPU holding `spec` whole would save if `mosaic train` kept its GEMM weights and
+    their moments in bf16, and the flags that ask for it (0 and "" when it already does, or
+    its graph does not count its bf16 weights)."""
+    lean = replace(spec, bf16_weights=True, bf16_moments=True)
+    saved = bytes_per_gpu(spec, 0) - bytes_per_gpu(lean, 0)
+    flags = [flag for flag, have in (("--bf16-weights", spec.bf16_weights),
+                                     ("--bf16-moments", spec.bf16_moments)) if not have]
+    return (saved, " ".join(flags)) if saved > 0 else (0.0, "")
+
+
 def autocast_weight_bytes(spec: ModuleSpec) -> float:
-    """The bf16 copy of every weight that autocast makes in the forward and the backward keeps
-    until it has used it (the engine holds fp32 weights): live at the end of the forward, the
-    memory peak. A sharded module's too: FSDP gathers fp32 weights, autocast casts them whole."""
-    return AUTOCAST_WEIGHT_BYTES * spec.num_params
+    """The bf16 copy of every fp32 weight that autocast makes in the forward and the backward
+    keeps until it has used it: live at the end of the forward, the memory peak. A sharded
+    module's too: FSDP gathers fp32 weights, autocast casts them whole. Weights stored in
+    bf16 (ModuleSpec.bf16_weights) are used as they are."""
+    return AUTOCAST_WEIGHT_BYTES * (spec.num_params - spec.stored_bf16_params)
 
 
 def allreduce_bytes(spec: ModuleSpec, per_gpu_batch: int) -> float:
@@ -73,6 +87,9 @@ def supports(spec: ModuleSpec, tensor_parallel: int) -> bool:
 
 
 def degrees(spec: ModuleSpec, cluster: ClusterSpec) -> tuple[int, ...]:
-    """TP degrees worth planning for the module: in TP_DEGREES, supported, inside one node."""
+    """TP degrees worth planning for the module: in TP_DEGREES, supported, inside one node;
+    only 1 for bf16 weights, which the engine does not split (main_weights.bf16_weights_refusal)."""
+    if spec.bf16_weights:
+        return (1,)
     return tuple(t for t in TP_DEGREES
                  if supports(spec, t) and t <= min(cluster.gpus_per_node, cluster.num_gpus))

@@ -339,6 +339,10 @@ def check_modules_fit(space: SearchSpace) -> None:
             elif t == 1 and need - sharding.saved_bytes(spec, size) <= space.budget_bytes:
                 fix = (f"shard the states of module {name!r} over {size} GPUs (the mosaic and "
                        f"baseline planners do when nothing fits otherwise), or {fix}")
+            saved, flags = tp.bf16_precision_saving(spec)
+            if t == 1 and flags and need - saved <= space.budget_bytes:
+                fix = (f"train with {flags} (bf16 GEMM weights and moments, fp32 main weights: "
+                       f"{saved / gib:.1f} GiB less), or {fix}")
             raise PlanError(
                 f"module {name!r} needs {need / gib:.1f} GiB per GPU even at DP {size // t}{tp_note} "
                 f"({static / gib:.1f} GiB weights + optimizer state, "

@@ -333,4 +333,5 @@ def _module_spec(
         output_bytes_per_sample=cost.output_bytes_per_sample,
         num_kernels=cost.num_kernels,
         max_tensor_parallel=config.max_tensor_parallel,
+        bf16_weight_params=cost.bf16_weight_params,
     )

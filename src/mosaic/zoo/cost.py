@@ -135,7 +135,16 @@ class _SavedBytes:
         return sum(self.bytes_by_storage.values())
 
 
-def count_module(module: nn.Module, args: Sequence[Tensor]) -> tuple[ModuleCost, Tensor]:
+def bf16_weight_count(module: nn.Module) -> int:
+    """Parameters `--bf16-weights` would store in bf16, found by casting `module` (a meta
+    copy: nothing is computed) with the engine's own rule, so the count cannot drift from it."""
+    from mosaic.engine.main_weights import cast_weights_bf16
+
+    return sum(p.numel() for p in cast_weights_bf16([module]))
+
+
+def count_module(module: nn.Module, args: Sequence[Tensor],
+                 bf16_weight_params: int = 0) -> tuple[ModuleCost, Tensor]:
     """Cost of one forward + backward of `module(*args)`; returns the (detached) output too."""
     saved = _SavedBytes(module)
     kernels = _KernelCounter()
@@ -155,6 +164,7 @@ def count_module(module: nn.Module, args: Sequence[Tensor]) -> tuple[ModuleCost,
         num_params=sum(p.numel() for p in module.parameters()),
         num_kernels=kernels.count,
         out_shape=tuple(out.shape[1:]),
+        bf16_weight_params=bf16_weight_params,
     )
     return cost, out.detach()
 
@@ -203,11 +213,12 @@ def count_graph(
     for name in order:
         with torch.device("meta"):
             module = build(name)
+            bf16_weights = bf16_weight_count(build(name))
         _make_fake(module, mode)
         data = tuple(mode.from_tensor(t) for t in real_inputs[name])
         upstream = tuple(outputs[p].requires_grad_(True) for p in predecessors[name])
         with mode:
-            costs[name], outputs[name] = count_module(module, (*data, *upstream))
+            costs[name], outputs[name] = count_module(module, (*data, *upstream), bf16_weights)
     return costs
 
 

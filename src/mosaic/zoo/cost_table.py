@@ -42,7 +42,7 @@ class ZooModel(Protocol):
 COUNT_BATCH = 2
 """Samples per counting pass (2, not 1, so batch-broadcast shapes are not mistaken for sizes)."""
 
-FORMAT = 1
+FORMAT = 2
 """Bump when ModuleCost or the counting method changes meaning: every entry goes stale."""
 COSTS_PATH = Path(__file__).parent / "data" / "costs.json"
 REGENERATE = "python -m mosaic.zoo.cost --write"
@@ -57,6 +57,8 @@ class ModuleCost:
     num_kernels: int
     """Non-view aten ops in one forward + backward: an estimate of kernel launches."""
     out_shape: tuple[int, ...]
+    bf16_weight_params: int
+    """Parameters `--bf16-weights` stores in bf16 (the engine's own rule, on the real module)."""
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ModuleCost:
