@@ -695,16 +695,32 @@ def _unmeasured(model: str, preset: str, batch: int) -> str:
     from mosaic.errors import MosaicError
     from mosaic.zoo import get_model
 
+    graph = get_model(model).graph(preset, global_batch=batch)
     try:
-        plan(get_model(model).graph(preset, global_batch=batch), 1, planner="megatron",
-             perf_model="analytic")
+        plan(graph, 1, planner="megatron", perf_model="analytic")
     except MosaicError as error:
         fit = re.search(r"needs ([\d.]+) GiB per GPU.*?only ([\d.]+) GiB is usable", str(error))
         if fit:
             return (f"does not fit on one H200 (memory model: {fit[1]} GiB a GPU, "
-                    f"{fit[2]} GiB usable)")
+                    f"{fit[2]} GiB usable){_fits_in_bf16(graph)}")
         raise
     return "not measured"
+
+
+def _fits_in_bf16(graph) -> str:
+    """'; with bf16 weights and moments: N GiB, fits' where the memory model places the graph
+    so on one H200 (no user program to compare with: it would keep fp32 weights)."""
+    from mosaic.api import plan
+    from mosaic.errors import MosaicError
+    from mosaic.plan import gpu_memory_bytes
+
+    lean = graph.with_precision(bf16_weights=True, bf16_moments=True)
+    try:
+        chosen = plan(lean, 1, planner="megatron", perf_model="analytic")
+    except MosaicError:
+        return ""
+    need = gpu_memory_bytes(chosen, lean)[0] / 2**30
+    return f"; with bf16 weights and moments {need:.1f} GiB: fits (`mosaic train --bf16-weights --bf16-moments`)"
 
 
 # --- (d) the whole-iteration accuracy gate ----------------------------------------------------

@@ -78,6 +78,17 @@ def test_costs_are_counted_as_the_zoo_counts():
     assert all(not p.is_meta for m in mods.values() for p in m.parameters())
 
 
+def test_the_weights_bf16_weights_would_cast_are_counted_on_a_copy():
+    """A Linear weight of 65,536 elements or more is one `--bf16-weights` keeps in bf16; the
+    count leaves the user's module as it was."""
+    mods = {"a": Encoder(4, d=256), "b": Encoder(6, d=256), "head": Head(d=256)}
+    graph = api.graph_from_modules("mine", mods, EDGES, {"a": torch.randn(1, 4),
+                                                         "b": torch.randn(1, 6)}, global_batch=4)
+    assert graph.module("a").bf16_weight_params == 256 * 256  # the 4 x 256 one is too small
+    assert graph.module("head").bf16_weight_params == 256 * 256
+    assert all(p.dtype == torch.float32 for m in mods.values() for p in m.parameters())
+
+
 def test_bad_modules_and_edges_are_named():
     mods = modules()
     with pytest.raises(GraphError, match="cycle"):

@@ -118,6 +118,7 @@ def graph_from_modules(
             output_bytes_per_sample=cost.output_bytes_per_sample,
             num_kernels=cost.num_kernels,
             max_tensor_parallel=_max_tensor_parallel(n, modules[n]),
+            bf16_weight_params=cost.bf16_weight_params,
         ))
     return MMGraph(name=name, modules=tuple(specs), edges=tuple(tuple(e) for e in edges),
                    global_batch=global_batch, preset="custom",
