@@ -110,6 +110,7 @@ class InGraphGradModule:
                                                 allow_unused=True)
                     got |= {id(p) for p, g in zip(params, grads[len(wants):], strict=True)
                             if g is not None}
+                    del grads  # else the next iteration's live beside them: one more copy
                 del out
         torch.cuda.current_stream().wait_stream(side)
         return {id(p) for p in params} - got if differentiable else set()

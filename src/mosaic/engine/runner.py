@@ -667,8 +667,10 @@ class PlanRunner:
             fresh_cublas_workspaces()
             return torch.cuda.make_graphed_callables(eager, samples, allow_unused_input=True)
         if mode == "own":
-            graphed = InGraphGradModule(eager, list(self.modules[m].parameters()), samples,
-                                        stream)
+            params = list(self.modules[m].parameters())
+            for p in params:  # the eager step's, replaced by the graph's at the next step
+                p.grad = None  # (attach_grads): not held beside the capture's own
+            graphed = InGraphGradModule(eager, params, samples, stream)
         else:
             flat = self._flat_grads(m)
             graphed = InGraphGradModule(eager, flat.params, samples, stream, mode, flat.views)
