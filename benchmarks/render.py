@@ -708,19 +708,20 @@ def _unmeasured(model: str, preset: str, batch: int) -> str:
 
 
 def _fits_in_bf16(graph) -> str:
-    """'; with bf16 weights and moments: N GiB, fits' where the memory model places the graph
-    so on one H200 (no user program to compare with: it would keep fp32 weights)."""
+    """'; with bf16 weights and moments ... N GiB: fits' where the memory model places the
+    graph so on one H200 (no user program to compare with: it would keep fp32 weights)."""
     from mosaic.api import plan
     from mosaic.errors import MosaicError
     from mosaic.plan import gpu_memory_bytes
 
-    lean = graph.with_precision(bf16_weights=True, bf16_moments=True)
+    lean = graph.with_precision(bf16_weights=True, bf16_moments=True, bf16_flat_grads=False)
     try:
         chosen = plan(lean, 1, planner="megatron", perf_model="analytic")
     except MosaicError:
         return ""
     need = gpu_memory_bytes(chosen, lean)[0] / 2**30
-    return f"; with bf16 weights and moments {need:.1f} GiB: fits (`mosaic train --bf16-weights --bf16-moments`)"
+    return (f"; with bf16 weights and moments, updated a weight at a time, {need:.1f} GiB: "
+            "fits (`mosaic train --bf16-weights --bf16-moments --no-bf16-flat-grads`)")
 
 
 # --- (d) the whole-iteration accuracy gate ----------------------------------------------------
@@ -963,7 +964,7 @@ def memory_peaks(results: Path, arg: str | None) -> str:
         groups.setdefault(key, []).append(float(r["peak_memory_bytes"]))
     rows = []
     for (model, preset, batch, precision), peaks in sorted(groups.items()):
-        predicted = _one_gpu_memory_bytes(model, preset, batch, *precision[:2])
+        predicted = _one_gpu_memory_bytes(model, preset, batch, *precision)
         rows.append([model, preset, str(batch), _precision_label(*precision), str(len(peaks)),
                      f"{max(peaks) / 2**30:.1f}", f"{predicted / 2**30:.1f}",
                      pct(predicted / max(peaks) - 1)])
@@ -979,7 +980,7 @@ def _precision_label(bf16_weights: bool, bf16_moments: bool, flat: bool) -> str:
 
 
 def _one_gpu_memory_bytes(model: str, preset: str, batch: int, bf16_weights: bool = False,
-                          bf16_moments: bool = False) -> float:
+                          bf16_moments: bool = False, flat: bool = True) -> float:
     """The memory model's bytes on one GPU holding every module (megatron's plan)."""
     from mosaic.hardware import make_cluster
     from mosaic.perf.analytic import AnalyticModel
@@ -988,7 +989,7 @@ def _one_gpu_memory_bytes(model: str, preset: str, batch: int, bf16_weights: boo
     from mosaic.zoo import get_model
 
     graph = get_model(model).graph(preset, global_batch=batch).with_precision(
-        bf16_weights=bf16_weights, bf16_moments=bf16_moments)  # either layout counts alike
+        bf16_weights=bf16_weights, bf16_moments=bf16_moments, bf16_flat_grads=flat)
     cluster = make_cluster(1, "h200")
     (plan,) = plan_all(graph, cluster, AnalyticModel(cluster), ["megatron"])
     return gpu_memory_bytes(plan, graph)[0]

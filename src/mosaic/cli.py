@@ -292,9 +292,10 @@ def plan(
         "(`mosaic train --bf16-moments`)")] = False,
     per_weight_update: Annotated[bool, typer.Option(
         "--no-bf16-flat-grads",
-        help="with --bf16-weights: predict for `mosaic train --no-bf16-flat-grads` (updated "
-        "a weight at a time); by default the flat update, with a note for each plan train "
-        "would update a weight at a time")] = False,
+        help="with --bf16-weights: predict and count memory for `mosaic train "
+        "--no-bf16-flat-grads` (updated a weight at a time: no flat copy of the gradients, 2 "
+        "bytes a weight); by default the flat update, with a note for each plan train would "
+        "update a weight at a time")] = False,
     out: Annotated[Path | None, typer.Option(help="directory for plan JSON and timeline PNGs",
                                              callback=_out_dir)] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
@@ -312,7 +313,8 @@ def plan(
                           "--bf16-weights, or drop it")
     cluster = make_cluster(gpus, str(hardware))
     graph = load_graph(model, str(preset), batch).with_precision(
-        bf16_weights=bf16_weights, bf16_moments=bf16_moments)
+        bf16_weights=bf16_weights, bf16_moments=bf16_moments,
+        bf16_flat_grads=not per_weight_update)
     _check_gpus_useful(gpus, graph)
     out = check_out_dir(out or Path("runs") / f"plan-{graph.name}-{gpus}")
     def perf_for(per_weight: bool = False):
@@ -656,7 +658,8 @@ def _training_plan(model: str, preset: str, batch: int | None, gpus: int, hardwa
     from mosaic.zoo import get_model
 
     graph = get_model(model).graph(preset, global_batch=batch).with_precision(
-        bf16_weights=engine.bf16_weights, bf16_moments=engine.bf16_moments)
+        bf16_weights=engine.bf16_weights, bf16_moments=engine.bf16_moments,
+        bf16_flat_grads=engine.bf16_flat_grads)
     cluster = make_cluster(gpus, hardware)
     def perf_for(engine):  # accumulating, a plan is searched for one micro-step's batch
         return load_perf_model(perf_model, cluster, preset, profile_db,

@@ -31,7 +31,7 @@ FP32_STATE_BYTES = 16.0
 BF16_WEIGHT_STATE_BYTES = 8.0
 """A bf16 weight 2, its fp32 main copy 4 and its bf16 gradient 2, moments apart."""
 BF16_GRAD_BYTES = 2.0
-"""The bf16 gradient's second copy (ModuleSpec.static_bytes)."""
+"""A bf16 gradient's copy in the flat update's buffer (ModuleSpec.static_bytes)."""
 FP32_MOMENT_BYTES = 8.0
 BF16_MOMENT_BYTES = 4.0
 
@@ -74,6 +74,9 @@ class ModuleSpec:
     """Training stores those weights in bf16 with fp32 main copies (`MMGraph.with_precision`)."""
     bf16_moments: bool = False
     """...and their AdamW moments in bf16 too (needs bf16_weights)."""
+    bf16_flat_grads: bool = True
+    """...and the backward copies their gradients into one flat buffer for the one-launch
+    update (2 more bytes a weight; False: updated a weight at a time, where they lie)."""
 
     def __post_init__(self) -> None:
         if not self.name or not self.name.replace("_", "").replace("-", "").isalnum():
@@ -108,14 +111,12 @@ class ModuleSpec:
     def static_bytes(self) -> float:
         """Weights, gradients and AdamW's two moments: 4 + 4 + 4 + 4 bytes an fp32 parameter
         (the engine trains fp32 weights under bf16 autocast); a bf16 weight's are the bf16
-        weight 2, its fp32 main copy 4, its bf16 gradient twice, 2 + 2, and the moments, 8 in
-        fp32 or 4 in bf16. The second gradient is the flat update's buffer, or, updated a weight
-        at a time, the first step's gradients that live on while the backward graph is
-        captured beside them (measured on the H200, Qwen3-VL `paper` b2: 99.0 GiB allocated in
-        steady steps, 130.5 at capture). The bf16 copy of each fp32 weight that autocast keeps
-        for the backward is counted with the activations (tensor_parallel.autocast_weight_bytes)."""
+        weight 2, its fp32 main copy 4, its bf16 gradient 2 (and its copy in the flat update's
+        buffer, 2, unless bf16_flat_grads is off) and the moments, 8 in fp32 or 4 in bf16. The
+        bf16 copy of each fp32 weight that autocast keeps for the backward is counted with the
+        activations (tensor_parallel.autocast_weight_bytes)."""
         bf16 = self.stored_bf16_params
-        per_bf16 = (BF16_WEIGHT_STATE_BYTES + BF16_GRAD_BYTES
+        per_bf16 = (BF16_WEIGHT_STATE_BYTES + BF16_GRAD_BYTES * self.bf16_flat_grads
                     + (BF16_MOMENT_BYTES if self.bf16_moments else FP32_MOMENT_BYTES))
         return FP32_STATE_BYTES * (self.num_params - bf16) + per_bf16 * bf16
 
@@ -190,11 +191,14 @@ class MMGraph:
     def sinks(self) -> list[str]:
         return [n for n in self.names if not self.successors(n)]
 
-    def with_precision(self, *, bf16_weights: bool, bf16_moments: bool = False) -> MMGraph:
+    def with_precision(self, *, bf16_weights: bool, bf16_moments: bool = False,
+                       bf16_flat_grads: bool = True) -> MMGraph:
         """The graph as `mosaic train` with these flags holds it: what its memory counts
-        (ModuleSpec.static_bytes) follows the weights' and moments' dtypes."""
+        (ModuleSpec.static_bytes) follows the weights' and moments' dtypes and the update's
+        layout."""
         return replace(self, modules=tuple(
-            replace(m, bf16_weights=bf16_weights, bf16_moments=bf16_moments)
+            replace(m, bf16_weights=bf16_weights, bf16_moments=bf16_moments,
+                    bf16_flat_grads=bf16_flat_grads)
             for m in self.modules))
 
     def total_flops(self) -> float:
@@ -242,7 +246,7 @@ _NUMBER_FIELDS = {"num_params": int, "num_layers": int, "hidden_dim": int,
                   "tokens_per_sample": int, "flops_per_sample": float,
                   "activation_bytes_per_sample": float, "output_bytes_per_sample": float,
                   "num_kernels": int, "max_tensor_parallel": int, "bf16_weight_params": int}
-_FLAG_FIELDS = ("bf16_weights", "bf16_moments")
+_FLAG_FIELDS = ("bf16_weights", "bf16_moments", "bf16_flat_grads")
 _REQUIRED_FIELDS = ("name", "kind", "input_shape", "num_params", "flops_per_sample",
                     "activation_bytes_per_sample", "output_bytes_per_sample")
 
