@@ -430,7 +430,8 @@ def _bf16_fix(plan: Plan, graph: MMGraph, gpu: int, excess: float) -> str:
         return ""
     savings = [bf16_precision_saving(graph.module(p.module)) for p in placed]
     saved = sum(amount for amount, _ in savings)
-    flags = max((f for _, f in savings), key=len, default="")
+    # One precision for the whole graph: the modules that would save name the same flags.
+    flags = next((f for _, f in savings if f), "")
     if not flags or saved < excess:
         return ""
     return f"train with {flags} (saves {saved / 2**30:.1f} GiB on GPU {gpu}), "
