@@ -695,31 +695,27 @@ def _unmeasured(model: str, preset: str, batch: int) -> str:
     from mosaic.errors import MosaicError
     from mosaic.zoo import get_model
 
-    graph = get_model(model).graph(preset, global_batch=batch)
     try:
-        plan(graph, 1, planner="megatron", perf_model="analytic")
+        plan(get_model(model).graph(preset, global_batch=batch), 1, planner="megatron",
+             perf_model="analytic")
     except MosaicError as error:
         fit = re.search(r"needs ([\d.]+) GiB per GPU.*?only ([\d.]+) GiB is usable", str(error))
         if fit:
             return (f"does not fit on one H200 (memory model: {fit[1]} GiB a GPU, "
-                    f"{fit[2]} GiB usable){_fits_in_bf16(graph)}")
+                    f"{fit[2]} GiB usable){_fits_in_bf16(model, preset, batch)}")
         raise
     return "not measured"
 
 
-def _fits_in_bf16(graph) -> str:
+def _fits_in_bf16(model: str, preset: str, batch: int) -> str:
     """'; with bf16 weights and moments ... N GiB: fits' where the memory model places the
-    graph so on one H200 (no user program to compare with: it would keep fp32 weights)."""
-    from mosaic.api import plan
+    model so on one H200 (no user program to compare with: it would keep fp32 weights)."""
     from mosaic.errors import MosaicError
-    from mosaic.plan import gpu_memory_bytes
 
-    lean = graph.with_precision(bf16_weights=True, bf16_moments=True, bf16_flat_grads=False)
     try:
-        chosen = plan(lean, 1, planner="megatron", perf_model="analytic")
+        need = _one_gpu_memory_bytes(model, preset, batch, True, True, False) / 2**30
     except MosaicError:
         return ""
-    need = gpu_memory_bytes(chosen, lean)[0] / 2**30
     return (f"; with bf16 weights and moments, updated a weight at a time, {need:.1f} GiB: "
             "fits (`mosaic train --bf16-weights --bf16-moments --no-bf16-flat-grads`)")
 
@@ -951,7 +947,7 @@ def memory_peaks(results: Path, arg: str | None) -> str:
     precision, which on one GPU does not depend on the plan)."""
     if not arg:
         raise RenderError("memory-peaks needs directories under results/, comma-separated")
-    groups: dict[tuple[str, str, int, str], list[float]] = {}
+    groups: dict[tuple[str, str, int, tuple[bool, bool, bool]], list[float]] = {}
     paths = [p for d in arg.split(",") for p in sorted((results / d).rglob("*summary*.json"))]
     for path in paths:
         r = load(path)

@@ -25,6 +25,12 @@ from mosaic.data import DATASETS
 from mosaic.engine.schedule import DECAYS
 from mosaic.errors import MosaicError
 from mosaic.files import check_out_dir, check_out_file
+from mosaic.graph import (
+    BF16_GRAD_BYTES,
+    BF16_MOMENT_BYTES,
+    BF16_WEIGHT_STATE_BYTES,
+    FP32_MOMENT_BYTES,
+)
 from mosaic.hardware import GPUS, GPUS_PER_NODE, MAX_GPUS
 from mosaic.perf import PERF_MODELS
 from mosaic.profile.db import KERNELS
@@ -657,9 +663,7 @@ def _training_plan(model: str, preset: str, batch: int | None, gpus: int, hardwa
     from mosaic.hardware import make_cluster
     from mosaic.zoo import get_model
 
-    graph = get_model(model).graph(preset, global_batch=batch).with_precision(
-        bf16_weights=engine.bf16_weights, bf16_moments=engine.bf16_moments,
-        bf16_flat_grads=engine.bf16_flat_grads)
+    graph = engine.holding(get_model(model).graph(preset, global_batch=batch))
     cluster = make_cluster(gpus, hardware)
     def perf_for(engine):  # accumulating, a plan is searched for one micro-step's batch
         return load_perf_model(perf_model, cluster, preset, profile_db,
@@ -720,7 +724,8 @@ def _flat_update_too_large(graph) -> str | None:
     saying so; None when every module's fits."""
     host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     for spec in graph.modules:
-        written = spec.stored_bf16_params * (2 + 4 + (4 if spec.bf16_moments else 8))
+        written = spec.stored_bf16_params * (BF16_WEIGHT_STATE_BYTES - BF16_GRAD_BYTES + (
+            BF16_MOMENT_BYTES if spec.bf16_moments else FP32_MOMENT_BYTES))  # not the gradient
         if written > FLAT_TUNING_HOST_SHARE * host:
             return (f"bf16 update: a weight at a time: the flat update of module {spec.name!r} "
                     f"writes {written / 2**30:.0f} GiB, which Inductor's autotuning copies to "

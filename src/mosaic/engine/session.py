@@ -115,6 +115,13 @@ class EngineConfig:
         """The bf16 weights' moments for MainWeightsAdamW: 'bf16' or 'fp32'."""
         return "bf16" if self.bf16_moments else "fp32"
 
+    def holding(self, graph: MMGraph) -> MMGraph:
+        """`graph` as this engine holds its modules (weights', moments' dtypes, the bf16
+        update's layout): what the memory model then counts."""
+        return graph.with_precision(bf16_weights=self.bf16_weights,
+                                    bf16_moments=self.bf16_moments,
+                                    bf16_flat_grads=self.bf16_flat_grads)
+
     def runner_config(self) -> RunnerConfig:
         """bf16 weights turn bf16 autocast on where amp is unset (on the CPU too): they need it,
         and `mosaic train --bf16-weights` has no other way to ask for it there."""

@@ -278,9 +278,7 @@ def train(config: TrainConfig, model: TrainableModel | None = None) -> TrainResu
 
             model = get_model(config.model)
         model = with_dataset(model, config.data, config.preset, config.seed)
-        graph = model.graph(config.preset, config.global_batch).with_precision(
-            bf16_weights=config.engine.bf16_weights, bf16_moments=config.engine.bf16_moments,
-            bf16_flat_grads=config.engine.bf16_flat_grads)
+        graph = config.engine.holding(model.graph(config.preset, config.global_batch))
         plan = _agree_on_plan(config, d)
         check_world_size(plan, d.world_size)
         # What must fit is one micro-step's batch (the point of accumulating).

@@ -20,6 +20,7 @@ import argparse
 import math
 import sys
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 
 import torch
 import torch.nn.functional as F
@@ -143,8 +144,7 @@ def bf16_weight_count(module: nn.Module) -> int:
     return sum(p.numel() for p in cast_weights_bf16([module]))
 
 
-def count_module(module: nn.Module, args: Sequence[Tensor],
-                 bf16_weight_params: int = 0) -> tuple[ModuleCost, Tensor]:
+def count_module(module: nn.Module, args: Sequence[Tensor]) -> tuple[ModuleCost, Tensor]:
     """Cost of one forward + backward of `module(*args)`; returns the (detached) output too."""
     saved = _SavedBytes(module)
     kernels = _KernelCounter()
@@ -164,7 +164,6 @@ def count_module(module: nn.Module, args: Sequence[Tensor],
         num_params=sum(p.numel() for p in module.parameters()),
         num_kernels=kernels.count,
         out_shape=tuple(out.shape[1:]),
-        bf16_weight_params=bf16_weight_params,
     )
     return cost, out.detach()
 
@@ -218,7 +217,8 @@ def count_graph(
         data = tuple(mode.from_tensor(t) for t in real_inputs[name])
         upstream = tuple(outputs[p].requires_grad_(True) for p in predecessors[name])
         with mode:
-            costs[name], outputs[name] = count_module(module, (*data, *upstream), bf16_weights)
+            cost, outputs[name] = count_module(module, (*data, *upstream))
+        costs[name] = replace(cost, bf16_weight_params=bf16_weights)
     return costs
 
 

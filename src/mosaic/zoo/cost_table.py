@@ -57,8 +57,9 @@ class ModuleCost:
     num_kernels: int
     """Non-view aten ops in one forward + backward: an estimate of kernel launches."""
     out_shape: tuple[int, ...]
-    bf16_weight_params: int
-    """Parameters `--bf16-weights` stores in bf16 (the engine's own rule, on the real module)."""
+    bf16_weight_params: int = 0
+    """Parameters `--bf16-weights` stores in bf16 (the engine's own rule, on a meta copy of
+    the module: `cost.count_graph`)."""
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ModuleCost:
