@@ -40,6 +40,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from mosaic.engine.update_gates import slotted
+
 log = logging.getLogger(__name__)
 
 COMPILE_MODES = ("default", "max-autotune-gemm", "max-autotune-no-cudagraphs")
@@ -142,10 +144,15 @@ class CompiledModule(nn.Module):
         def compiled(m: nn.Module) -> nn.Module:
             return torch.compile(m, options=options or None, dynamic=False)
 
+        def compiled_block(block: nn.Module) -> nn.Module:
+            # Behind a slot where a gated update (update_gates.py) makes it wait for its
+            # weights; the slot does nothing for other callers.
+            return slotted(block, compiled(block))
+
         lists = repeated_block_lists(module) if scope == "blocks" else []
         # Kept out of the module tree (object.__setattr__): the compiled wrapper would register
         # the same parameters a second time under another name.
-        object.__setattr__(self, "_compiled", blockwise_view(module, lists, compiled) if lists
+        object.__setattr__(self, "_compiled", blockwise_view(module, lists, compiled_block) if lists
                            else compiled(module))
         report.compiled[name] = {"mode": mode, "options": extra, "why": reasons,
                                  "scope": "blocks" if lists else "module",

@@ -58,7 +58,8 @@ from mosaic.engine.session import (
 )
 from mosaic.engine.signals import handling_sigterm
 from mosaic.engine.tensor_parallel import full_tensor
-from mosaic.engine.timer import Timer
+from mosaic.engine.timer import Mark, Timer
+from mosaic.engine.update_gates import GatedMainWeightsAdamW
 from mosaic.engine.user_program import UserProgram
 from mosaic.errors import MosaicError
 from mosaic.files import portable_stem
@@ -91,9 +92,10 @@ DEFAULT_USER_PROGRAMS = ("torch-eager", "torch-compile")
 BASELINES = ("megatron", "distmm", "spindle")
 USER_ROUNDS = ("interleaved", "apart")
 VARIANT_FIELDS = ("grad_sync", "reduce_dtype", "bucket_view", "grads_in_graph",
-                  "optimizer_overlap", "bf16_weights", "bf16_flat_grads", "bf16_moments")
+                  "optimizer_overlap", "bf16_weights", "bf16_flat_grads", "bf16_moments",
+                  "update_under_forward")
 _BOOL_FIELDS = ("bucket_view", "grads_in_graph", "optimizer_overlap", "bf16_weights",
-                "bf16_flat_grads", "bf16_moments")
+                "bf16_flat_grads", "bf16_moments", "update_under_forward")
 """Engine settings a bench may vary per contender: gradient synchronisation, the optimizer
 and the weights' precision (a bf16-weight contender trains its own copy of the modules)."""
 
@@ -286,6 +288,8 @@ class _Contender:
     """Its own modules, when the plans' shared ones cannot serve it (a plan that shards)."""
     optimizer: torch.optim.Optimizer | None = None
     """The optimizer of its own modules (else the shared one steps)."""
+    last_end: Mark | None = None
+    """Where its last timed step ended (a deferred update's next step is timed from it)."""
     graph_memory_bytes: int | None = None
     graph_reserved_bytes: int | None = None
     graph_pool_bytes: int | None = None
@@ -373,6 +377,9 @@ def _setup(model, preset: str, graph: MMGraph, plans: dict[str, Plan], gpu: GPUS
                 if own_engine.optimizer_overlap:  # its own optimizer state; same weights
                     contenders[label].optimizer = OverlappedOptimizer(
                         session, _optimizer_maker(own_engine, config.lr))
+                elif own_engine.update_under_forward:  # likewise
+                    contenders[label].optimizer = _optimizer_maker(
+                        own_engine, config.lr, session)(session.parameters())
             contenders[label].startup_s = time.perf_counter() - start
     except BaseException:
         _close(contenders)
@@ -445,7 +452,7 @@ def variant_applies(plan: Plan, settings: dict[str, Any]) -> bool:
     the optimizer's overlap and bf16 weights matter to every plan, the gradient-sync settings
     to data-parallel ones only."""
     every_plan = {"grads_in_graph", "optimizer_overlap", "bf16_weights", "bf16_flat_grads",
-                  "bf16_moments"}
+                  "bf16_moments", "update_under_forward"}
     return bool(every_plan & set(settings)) or synchronises_gradients(plan)
 
 
@@ -469,17 +476,20 @@ def _own_contender(label: str, plan: Plan, model, preset: str, graph: MMGraph, d
     session = RankSession.create(plan, graph, own, d, gpu, engine, views=views)
     contender = _plan_contender(label, session, batch)
     contender.modules = own
-    make = _optimizer_maker(engine, config.lr)
+    make = _optimizer_maker(engine, config.lr, session)
     contender.optimizer = (OverlappedOptimizer(session, make) if engine.optimizer_overlap
                            else make(session.parameters()))
     return contender
 
 
-def _optimizer_maker(engine: EngineConfig, lr: float
+def _optimizer_maker(engine: EngineConfig, lr: float, session: RankSession | None = None,
                      ) -> Callable[[list[nn.Parameter]], torch.optim.Optimizer]:
     """What a contender of `engine` trains its parameters with: AdamW over fp32 main weights
-    where the weights are bf16, else torch's fused AdamW."""
+    where the weights are bf16 (gated by `session`'s update gates when it has them), else
+    torch's fused AdamW."""
     def make(params: list[nn.Parameter]) -> torch.optim.Optimizer:
+        if session is not None and session.gates is not None:
+            return GatedMainWeightsAdamW(params, lr, gates=session.gates, moments=engine.moments)
         if engine.bf16_weights:
             return MainWeightsAdamW(params, lr, moments=engine.moments)
         return make_optimizer("adamw", params, lr)
@@ -690,18 +700,20 @@ def _refuse_differing(errors: dict[str, dict[str, float]], reference: str,
 
 
 # --- timing ------------------------------------------------------------------------------------
-def _one_step(s: _Setup, c: _Contender) -> tuple[float, float]:
+def _one_step(s: _Setup, c: _Contender, since: Mark | None = None) -> tuple[float, float]:
     """Seconds of one training step on the slowest rank, and the most host seconds a rank
-    took to launch it (forward, backward and optimizer step issued)."""
+    took to launch it (forward, backward and optimizer step issued). `since`: time it from
+    there (the end of the step before), not from its own start."""
     _zero_grads(s)
     try:
-        start, launch_start = s.timer.mark(), time.perf_counter()
+        start, launch_start = since or s.timer.mark(), time.perf_counter()
         loss = c.step()
         optimizer = c.optimizer or s.optimizer
         if optimizer is not None:
             optimizer.step()
         launch = time.perf_counter() - launch_start
-        seconds = s.timer.seconds(start, s.timer.mark())
+        c.last_end = s.timer.mark()
+        seconds = s.timer.seconds(start, c.last_end)
         finite = math.isfinite(loss.item())
     except RuntimeError as error:  # CUDA faults surface at the next sync: say whose step it was
         _name(error, c.label, "while timing it (a step ends in a sync, so the fault is in "
@@ -732,9 +744,27 @@ def _timed_rounds(s: _Setup, config: BenchConfig) -> dict[str, list[tuple[float,
                 _one_step(s, s.contenders[label])
         for r in range(config.rounds):
             for label in labels[r % len(labels):] + labels[:r % len(labels)]:
-                c = s.contenders[label]
-                times[label].extend(_one_step(s, c) for _ in range(config.steps_per_round))
+                times[label] += _timed_steps(s, s.contenders[label], config.steps_per_round)
     return times
+
+
+def _timed_steps(s: _Setup, c: _Contender, steps: int) -> list[tuple[float, float]]:
+    """`steps` steps of `c` in a row. A contender whose update runs under the next step's
+    forward (update_gates.py) leaves its update running when a step's stream is done, so
+    its step is timed from the end of the step before (one untimed step first): a window
+    that holds what the next forward waited for of that update, and the host's gap between
+    the steps, which a training loop without a sync each step would not have. After the
+    last step its update is waited for, so it runs under no other contender's step."""
+    optimizer = c.optimizer or s.optimizer
+    if not (isinstance(optimizer, GatedMainWeightsAdamW) and c.session.runner.grads_stay_put):
+        return [_one_step(s, c) for _ in range(steps)]
+    optimizer.defer = True
+    try:
+        _one_step(s, c)
+        return [_one_step(s, c, since=c.last_end) for _ in range(steps)]
+    finally:
+        optimizer.defer = False
+        optimizer.settle()
 
 
 def _warmup_steps(s: _Setup, c: _Contender, config: BenchConfig) -> int:

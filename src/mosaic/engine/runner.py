@@ -43,11 +43,13 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from mosaic.engine.comm import FlatGrads, Key, PlanComm, routes_for, sample_range
+from mosaic.engine.compile import blockwise_view, repeated_block_lists
 from mosaic.engine.ddp import wrap_ddp
 from mosaic.engine.fsdp import shard_module
 from mosaic.engine.graphed import InGraphGradModule, fresh_cublas_workspaces
 from mosaic.engine.tensor_parallel import local_tensor
 from mosaic.engine.timer import Mark, Timer
+from mosaic.engine.update_gates import UpdateGates, slotted
 from mosaic.errors import MosaicError
 from mosaic.graph import MMGraph
 from mosaic.plan import Plan
@@ -171,6 +173,21 @@ class _StepState:
     """All-reduce gradients at the end of this backward (False: accumulate locally)."""
 
 
+def _gated_views(views: dict[str, nn.Module], modules: dict[str, nn.Module],
+                 sharded: set[str]) -> dict[str, nn.Module]:
+    """What runs for each module when the update is gated: a module run as itself (no
+    compiled view) behind a view whose blocks wait in GateSlots; a compiled view by blocks
+    holds its slots already (compile.py), one compiled whole waits per module only."""
+    gated = dict(views)
+    for m, module in modules.items():
+        if m in sharded or views.get(m, module) is not module:
+            continue
+        lists = repeated_block_lists(module)
+        if lists:
+            gated[m] = blockwise_view(module, lists, slotted)
+    return gated
+
+
 class _Autocast(nn.Module):
     """The module under bf16 autocast (on CPU too when asked: amp=True); graphed as a whole,
     so eager and graphs run one code. The autocast cache must be off for CUDA-graph capture."""
@@ -194,8 +211,11 @@ class PlanRunner:
     def __init__(self, *, plan: Plan, graph: MMGraph, modules: dict[str, nn.Module],
                  comm: PlanComm, pool: Any = None, config: RunnerConfig | None = None,
                  device: torch.device | str = "cpu",
-                 views: dict[str, nn.Module] | None = None) -> None:
-        """`views`: what runs for each module (e.g. its compiled view); default the module."""
+                 views: dict[str, nn.Module] | None = None,
+                 gates: UpdateGates | None = None) -> None:
+        """`views`: what runs for each module (e.g. its compiled view); default the module.
+        `gates`: the optimizer's update runs under the forward (update_gates.py): each
+        module's forward waits for its own update, each block for its own."""
         self.plan, self.graph, self.comm = plan, graph, comm
         self.config = config or RunnerConfig()
         self.device = torch.device(device)
@@ -238,7 +258,8 @@ class PlanRunner:
         # One callable per micro-batch: a graphed callable's forward and backward must
         # alternate, and micro-batch k+1's forward runs before k's backward. Distinct wrapper
         # objects: make_graphed_callables replaces an nn.Module's forward in place.
-        views = views or {}
+        self.gates = gates
+        views = _gated_views(views or {}, self.modules, self.sharded) if gates else views or {}
         self._callables: dict[str, list[Any]] = {
             m: [_Autocast(self.modules[m] if m in self.sharded else views.get(m, self.modules[m]),
                           amp, self.device.type) for _ in range(self.micro_batches)]
@@ -480,7 +501,10 @@ class PlanRunner:
             with self._on(stream):
                 self._wait(stream, ready)
                 start = self._mark(stream)
-                self._forward_module(m, data.get(m, ()), st)
+                if self.gates is not None:
+                    self.gates.wait_module(m, stream)
+                with self._gates_active():
+                    self._forward_module(m, data.get(m, ()), st)
                 st.done[m] = self._record(stream)
                 self._add_mark(out, m, t, "fwd", start, stream)
 
@@ -561,6 +585,14 @@ class PlanRunner:
             self.comm.all_reduce_grads(list(params), group, divide_by=divide_by,
                                        wire_dtype=REDUCE_DTYPES[self.config.reduce_dtype])
 
+    @property
+    def grads_stay_put(self) -> bool:
+        """Whether every module's gradients live in tensors its backward graph rewrites in
+        place, which nothing frees or zeroes between steps: an update may still read them
+        while the next step's forward runs (update_gates.py)."""
+        return self.graphed and all(self._homes[m].graph_mode in ("own", "copy")
+                                    and m in self._in_graph for m in self.local)
+
     def _grads_final_at_backward(self, m: str) -> bool:
         """Whether module m's gradients are final when its backward ends (no all-reduce, DDP,
         FSDP or TP after it; one backward per step)."""
@@ -596,6 +628,9 @@ class PlanRunner:
         return stack
 
     # --- streams and events (no-ops on CPU) ----------------------------------------------
+    def _gates_active(self) -> Any:
+        return self.gates.active() if self.gates is not None else contextlib.nullcontext()
+
     def _on(self, stream: Any) -> Any:
         return torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
 
@@ -652,8 +687,9 @@ class PlanRunner:
                 # (capture is illegal there) and has no quota: capture them on a side stream.
                 stream = self._streams[m]
                 torch.cuda.graph.default_capture_stream = side if stream is self._main else stream
-                self._callables[m] = [self._graph(m, eager, torch.cuda.graph.default_capture_stream)
-                                      for eager in self._callables[m]]
+                with self._gates_active():  # gated blocks capture their waits (update_gates.py)
+                    self._callables[m] = [self._graph(m, eager, torch.cuda.graph.default_capture_stream)
+                                          for eager in self._callables[m]]
         finally:
             torch.cuda.graph.default_capture_stream = saved
         torch.cuda.synchronize(self.device)

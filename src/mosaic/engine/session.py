@@ -30,6 +30,7 @@ from mosaic.engine.compile import COMPILE_MODES, COMPILE_SCOPES
 from mosaic.engine.green import SMPartitionPool, requests_for_plan
 from mosaic.engine.main_weights import MainWeightsAdamW, MicroStepGradients
 from mosaic.engine.runner import GRAD_SYNC, REDUCE_DTYPES, PlanRunner, RunnerConfig, StepOutput
+from mosaic.engine.update_gates import UpdateGates
 from mosaic.errors import MosaicError
 from mosaic.graph import MMGraph
 from mosaic.hardware import GPUSpec
@@ -85,6 +86,11 @@ class EngineConfig:
     rounding (engine/main_weights.py): the update moves 20 bytes a parameter instead of 28 and
     the states hold 12 instead of 16, as Megatron's precision-aware optimizer with bf16
     moments does."""
+    update_under_forward: bool = False
+    """With bf16_weights: the optimizer step runs on a side stream under the next step's
+    forward, in forward order, each module and each block of a module compiled by blocks
+    waiting only for its own weights (engine/update_gates.py). `mosaic bench` only, until
+    measured on the GPU (`--engine-variant update_under_forward=true`)."""
     grads_in_graph: bool = True
     """With graphs: each backward graph accumulates its module's parameter gradients itself
     (no per-parameter host work; engine/graphed.py), except where DDP synchronises them."""
@@ -106,9 +112,24 @@ class EngineConfig:
         if not self.bf16_flat_grads and not self.bf16_weights:
             raise SessionError("bf16_flat_grads=False changes only bf16 weights' gradients: "
                                "set bf16_weights=True too, or leave bf16_flat_grads on")
+        if self.update_under_forward:
+            self._check_update_under_forward()
         if self.bf16_moments and not self.bf16_weights:
             raise SessionError("bf16_moments keeps the bf16 weights' AdamW moments in bf16: set "
                                "bf16_weights=True too (--bf16-weights), or leave it off")
+
+    def _check_update_under_forward(self) -> None:
+        if not self.bf16_weights:
+            raise SessionError("update_under_forward gates the bf16 weights' update block by "
+                               "block: set bf16_weights=True too (fp32 weights are updated by "
+                               "one fused AdamW, nothing to gate)")
+        if self.accumulation > 1:
+            raise SessionError(f"update_under_forward with accumulation={self.accumulation}: "
+                               "accumulated gradients are zeroed between steps, while the "
+                               "update may still read them; use accumulation=1")
+        if self.optimizer_overlap:
+            raise SessionError("update_under_forward and optimizer_overlap schedule the same "
+                               "update two ways: choose one")
 
     @property
     def moments(self) -> str:
@@ -373,6 +394,8 @@ class RankSession:
                  pool: SMPartitionPool, config: EngineConfig) -> None:
         self.plan, self.graph, self.runner, self.comm = plan, graph, runner, comm
         self.pool, self.config = pool, config
+        self.gates = runner.gates
+        """The update stream and events when the update runs under the forward, else None."""
         self.last_output: StepOutput | None = None
         self._folded: MicroStepGradients | None = None
         """bf16 weights' micro-step gradients summed in fp32 (made at the first step)."""
@@ -387,9 +410,15 @@ class RankSession:
         views = _shard_tensor_parallel(plan, modules, comm, views)
         pool = SMPartitionPool.create(requests_for_plan(plan, d.rank, gpu),
                                       d.device.index if d.device.type == "cuda" else None, gpu)
+        gates = None
+        if config.update_under_forward:
+            order = [p.module for stage in plan.stages for p in stage.placements
+                     if d.rank in p.gpus and p.module in modules]  # else the runner says
+            gates = UpdateGates(order, {m: modules[m] for m in order}, d.device)
         try:
             runner = PlanRunner(plan=plan, graph=step_graph, modules=modules, comm=comm, pool=pool,
-                                config=config.runner_config(), device=d.device, views=views)
+                                config=config.runner_config(), device=d.device, views=views,
+                                gates=gates)
         except BaseException:
             pool.close()
             raise

@@ -186,10 +186,11 @@ class TrainConfig:
             raise TrainError(f"clip_grad_norm={self.clip_grad_norm} must be > 0 (--clip-grad-norm)")
         if self.optimizer not in OPTIMIZERS:
             raise TrainError(f"optimizer={self.optimizer!r}; use one of {sorted(OPTIMIZERS)}")
-        if self.engine.optimizer_overlap:
-            raise TrainError("engine.optimizer_overlap is measured by `mosaic bench "
-                             "--engine-variant optimizer_overlap=true` only so far; training "
-                             "steps one optimizer after the backward (leave it False)")
+        for overlap in ("optimizer_overlap", "update_under_forward"):
+            if getattr(self.engine, overlap):
+                raise TrainError(f"engine.{overlap} is measured by `mosaic bench "
+                                 f"--engine-variant {overlap}=true` only so far; training "
+                                 "steps one optimizer after the backward (leave it False)")
         if self.engine.bf16_weights and self.optimizer != "adamw":
             raise TrainError(f"engine.bf16_weights keeps fp32 main weights in AdamW; "
                              f"optimizer={self.optimizer!r} has none (use adamw)")

@@ -1,0 +1,57 @@
+"""The update under the next step's forward (engine/update_gates.py) on a GPU: the event
+mechanism between two CUDA graphs, and the trained weights against MainWeightsAdamW's
+(skipped without CUDA).
+
+    PYTHONPATH=src python -m pytest -m gpu tests/gpu/test_update_gates_gpu.py
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.gpu
+
+SLEEP_CYCLES = 50_000_000
+"""About 25 ms at the H200's clock: far longer than the host takes to launch the second graph."""
+
+
+def test_a_graph_waits_for_the_external_event_another_graph_records():
+    """What the gates rest on: graph A (a long sleep, then a copy, then an external event
+    record) replayed on one stream, graph B (an external wait, then a read) on another,
+    launched right after it, reads what this replay of A wrote, not the replay before."""
+    producer, consumer = torch.cuda.Stream(), torch.cuda.Stream()
+    source, written, read = (torch.zeros(1, device="cuda") for _ in range(3))
+    event = torch.cuda.Event(external=True)
+    event.record(producer)  # created before the captures (a wait on no event is dropped)
+    torch.cuda.synchronize()
+    write, read_back = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
+    with torch.cuda.graph(write, stream=producer):
+        torch.cuda._sleep(SLEEP_CYCLES)
+        written.copy_(source)
+        event.record()
+    with torch.cuda.graph(read_back, stream=consumer):
+        torch.cuda.current_stream().wait_event(event)
+        read.copy_(written)
+    for value in range(1, 4):
+        with torch.cuda.stream(producer):
+            source.fill_(value)
+            write.replay()
+        with torch.cuda.stream(consumer):
+            read_back.replay()
+        torch.cuda.synchronize()
+        assert read.item() == value
+
+
+@pytest.mark.parametrize(("planner", "flat"), [("mosaic", True), ("megatron", False)])
+def test_a_deferred_gated_update_trains_as_main_weights_adamw(planner, flat):
+    """Six steps, the update under the next forward from the capture on (no join between
+    steps): the weights come out as MainWeightsAdamW's after each backward. Megatron's plan
+    runs its stages on the caller's stream (their waits are host-issued there)."""
+    from tests.test_update_gates import gated_against_plain
+
+    states, deferred = gated_against_plain("cuda", graphs=True, steps=6, defer=True,
+                                           planner=planner, flat=flat)
+    assert deferred >= 4
+    for name, want in states["plain"].items():
+        torch.testing.assert_close(states["gated"][name], want, rtol=0, atol=0, msg=name)

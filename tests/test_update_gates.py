@@ -1,0 +1,152 @@
+"""The update under the next step's forward (engine/update_gates.py): its groups, its slots,
+its arithmetic against MainWeightsAdamW's, and where it is refused."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+from torch import nn
+
+from mosaic.bench import BenchConfig, measure_plans
+from mosaic.engine.compile import CompiledModule, CompileReport, repeated_block_lists
+from mosaic.engine.update_gates import GateSlot, UpdateGates
+from mosaic.hardware import H200
+from mosaic.zoo import get_model
+from tests.test_bench import _plans
+
+
+def _imagebind_tiny():
+    from mosaic.engine.session import build_modules
+
+    model = get_model("imagebind")
+    graph = model.graph("tiny")
+    return graph, build_modules(model, "tiny", graph.names, 0, torch.device("cpu"))
+
+
+def test_the_gates_hold_every_parameter_once_in_forward_order():
+    graph, modules = _imagebind_tiny()
+    order = list(graph.names)
+    gates = UpdateGates(order, modules, torch.device("cpu"))
+    grouped = [id(p) for _, params in gates.groups for p in params]
+    assert sorted(grouped) == sorted(id(p) for m in modules.values() for p in m.parameters())
+    blocks = {m: [b for _, bl in repeated_block_lists(modules[m]) for b in bl] for m in order}
+    assert sum(map(len, blocks.values())) == len(gates.block_events) > 0
+    assert set(gates.module_events) == set(order)
+    # Each module's own parameters come before its blocks', and its blocks in their order.
+    expected = []
+    for m in order:
+        inside = {id(p) for b in blocks[m] for p in b.parameters()}
+        expected += [id(p) for p in modules[m].parameters() if id(p) not in inside]
+        expected += [id(p) for b in blocks[m] for p in b.parameters()]
+    assert grouped == expected
+
+
+def test_a_slot_waits_only_inside_a_gated_forward():
+    block = nn.Linear(4, 4)
+    slot = GateSlot(block, block)
+    x = torch.ones(2, 4)
+    torch.testing.assert_close(slot(x), block(x))
+    assert slot.key == id(block) and list(slot.parameters()) == list(block.parameters())
+
+
+def test_a_module_compiled_by_blocks_calls_each_block_through_a_slot():
+    _, modules = _imagebind_tiny()
+    name, module = next((m, mod) for m, mod in modules.items() if repeated_block_lists(mod))
+    compiled = CompiledModule(name, module, "default", CompileReport(), scope="blocks")
+    (path, blocks), *_ = repeated_block_lists(module)
+    view = compiled._compiled.get_submodule(path)
+    assert all(isinstance(slot, GateSlot) for slot in view)
+    assert [slot.key for slot in view] == [id(b) for b in blocks]
+
+
+def gated_against_plain(device: str, graphs: bool, steps: int = 3, defer: bool = False,
+                        planner: str = "mosaic", flat: bool = True):
+    """Parameters after `steps` steps of a plan of ImageBind `tiny` with bf16 weights,
+    updated by MainWeightsAdamW after the backward and by GatedMainWeightsAdamW (with `defer`,
+    under the next step's forward once the gradients stay put)."""
+    from mosaic.engine.main_weights import MainWeightsAdamW, cast_weights_bf16
+    from mosaic.engine.session import (
+        EngineConfig,
+        RankSession,
+        build_modules,
+        end_distributed,
+        make_batch,
+        start_distributed,
+    )
+    from mosaic.engine.update_gates import GatedMainWeightsAdamW
+
+    model = get_model("imagebind")
+    graph = model.graph("tiny")
+    plan = _plans(graph)[planner]
+    d = start_distributed(device)
+    states, deferred = {}, 0
+    try:
+        for kind in ("plain", "gated"):
+            modules = build_modules(model, "tiny", graph.names, 0, d.device)
+            cast_weights_bf16(modules.values(), min_elements=1)  # tiny's weights are small
+            engine = EngineConfig(graphs=graphs, bf16_weights=True, bf16_flat_grads=flat,
+                                  update_under_forward=kind == "gated")
+            session = RankSession.create(plan, graph, modules, d, H200, engine)
+            optimizer = (MainWeightsAdamW(session.parameters(), 1e-3) if kind == "plain" else
+                         GatedMainWeightsAdamW(session.parameters(), 1e-3, gates=session.gates))
+            data = session.local_batch(make_batch(model, "tiny", graph.global_batch, 0, 0))
+            for step in range(steps):
+                optimizer.zero_grad(set_to_none=True)
+                session.step(data)
+                optimizer.step()
+                if graphs and step == 0:
+                    session.capture_graphs()
+                if kind == "gated" and defer and session.runner.grads_stay_put:
+                    optimizer.defer = True
+                    deferred += 1
+            if kind == "gated":
+                optimizer.settle()
+            states[kind] = {f"{m}.{n}": p.detach().float().cpu().clone()
+                            for m, mod in modules.items() for n, p in mod.named_parameters()}
+            session.close()
+    finally:
+        end_distributed(d)
+    return states, deferred
+
+
+def test_the_gated_update_computes_what_main_weights_adamw_does():
+    states, _ = gated_against_plain("cpu", graphs=False)
+    for name, want in states["plain"].items():
+        torch.testing.assert_close(states["gated"][name], want, rtol=0, atol=0, msg=name)
+
+
+@pytest.mark.parametrize(("settings", "message"), [
+    ({}, "set bf16_weights=True too"),
+    ({"bf16_weights": True, "accumulation": 2}, "accumulation=2"),
+    ({"bf16_weights": True, "optimizer_overlap": True}, "choose one"),
+])
+def test_update_under_forward_is_refused_where_it_cannot_run(settings, message):
+    from mosaic.engine.session import EngineConfig, SessionError
+
+    with pytest.raises(SessionError, match=message):
+        EngineConfig(update_under_forward=True, **settings)
+
+
+def test_update_under_forward_is_a_bench_variant_and_refused_by_the_trainer():
+    from mosaic.engine.measure import parse_variant, variant_applies
+    from mosaic.engine.session import EngineConfig
+    from mosaic.engine.trainer import TrainConfig, TrainError
+
+    graph = get_model("clip").graph("tiny")
+    settings = parse_variant("bf16_weights=true,update_under_forward=true")
+    assert settings == {"bf16_weights": True, "update_under_forward": True}
+    assert variant_applies(_plans(graph)["megatron"], settings)
+    plans = _plans(graph)
+    label = "mosaic@bf16_weights=true,update_under_forward=true"
+    plans[label] = plans["mosaic"]
+    config = BenchConfig(rounds=1, steps_per_round=2, warmup_steps=0, nvml_seconds=0,
+                         user_programs=(), engine=EngineConfig(amp=True))  # as on a GPU
+    engines = {label: replace(config.engine, **settings)}
+    measurements, _ = measure_plans(get_model("clip"), "tiny", graph, plans, H200, config, engines)
+    row = {m.label: m for m in measurements}[label]
+    assert row.engine_variant == settings and row.median_s > 0
+    with pytest.raises(TrainError, match="update_under_forward"):
+        TrainConfig(model="clip", preset="tiny", plan=plans["mosaic"],
+                    engine=EngineConfig(bf16_weights=True, update_under_forward=True))
