@@ -135,11 +135,11 @@ def test_update_under_forward_is_a_bench_variant_and_refused_by_the_trainer():
     from mosaic.engine.trainer import TrainConfig, TrainError
 
     graph = get_model("clip").graph("tiny")
-    settings = parse_variant("bf16_weights=true,update_under_forward=true")
-    assert settings == {"bf16_weights": True, "update_under_forward": True}
+    settings = parse_variant("bf16_weights=true,update_under_forward=true,update_sms=16")
+    assert settings == {"bf16_weights": True, "update_under_forward": True, "update_sms": 16}
     assert variant_applies(_plans(graph)["megatron"], settings)
     plans = _plans(graph)
-    label = "mosaic@bf16_weights=true,update_under_forward=true"
+    label = "mosaic@bf16_weights=true,update_under_forward=true,update_sms=16"
     plans[label] = plans["mosaic"]
     config = BenchConfig(rounds=1, steps_per_round=2, warmup_steps=0, nvml_seconds=0,
                          user_programs=(), engine=EngineConfig(amp=True))  # as on a GPU
@@ -150,3 +150,17 @@ def test_update_under_forward_is_a_bench_variant_and_refused_by_the_trainer():
     with pytest.raises(TrainError, match="update_under_forward"):
         TrainConfig(model="clip", preset="tiny", plan=plans["mosaic"],
                     engine=EngineConfig(bf16_weights=True, update_under_forward=True))
+
+
+def test_the_update_streams_sms_are_a_whole_number_for_the_gated_update_only():
+    from mosaic.engine.measure import BenchError, parse_variant
+    from mosaic.engine.session import EngineConfig, SessionError
+
+    assert parse_variant("update_under_forward=true,update_sms=32") == {
+        "update_under_forward": True, "update_sms": 32}
+    with pytest.raises(BenchError, match="update_sms is a whole number"):
+        parse_variant("update_sms=half")
+    with pytest.raises(SessionError, match="set that too"):
+        EngineConfig(bf16_weights=True, update_sms=32)
+    with pytest.raises(SessionError, match="must be >= 0"):
+        EngineConfig(bf16_weights=True, update_under_forward=True, update_sms=-8)

@@ -19,6 +19,7 @@ logic check, NCCL on GPUs). A step's time is the slowest rank's.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import logging
@@ -27,7 +28,8 @@ import re
 import sys
 import threading
 import time
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -93,7 +95,8 @@ BASELINES = ("megatron", "distmm", "spindle")
 USER_ROUNDS = ("interleaved", "apart")
 VARIANT_FIELDS = ("grad_sync", "reduce_dtype", "bucket_view", "grads_in_graph",
                   "optimizer_overlap", "bf16_weights", "bf16_flat_grads", "bf16_moments",
-                  "update_under_forward")
+                  "update_under_forward", "update_sms")
+_INT_FIELDS = ("update_sms",)
 _BOOL_FIELDS = ("bucket_view", "grads_in_graph", "optimizer_overlap", "bf16_weights",
                 "bf16_flat_grads", "bf16_moments", "update_under_forward")
 """Engine settings a bench may vary per contender: gradient synchronisation, the optimizer
@@ -432,6 +435,10 @@ def parse_variant(text: str) -> dict[str, Any]:
             if value.lower() not in ("true", "false"):
                 raise BenchError(f"--engine-variant {text!r}: {key} is true or false")
             settings[key] = value.lower() == "true"
+        elif key in _INT_FIELDS:
+            if not value.isdigit():
+                raise BenchError(f"--engine-variant {text!r}: {key} is a whole number")
+            settings[key] = int(value)
         else:
             settings[key] = value
     return settings
@@ -452,7 +459,7 @@ def variant_applies(plan: Plan, settings: dict[str, Any]) -> bool:
     the optimizer's overlap and bf16 weights matter to every plan, the gradient-sync settings
     to data-parallel ones only."""
     every_plan = {"grads_in_graph", "optimizer_overlap", "bf16_weights", "bf16_flat_grads",
-                  "bf16_moments", "update_under_forward"}
+                  "bf16_moments", "update_under_forward", "update_sms"}
     return bool(every_plan & set(settings)) or synchronises_gradients(plan)
 
 
@@ -753,15 +760,29 @@ def _timed_steps(s: _Setup, c: _Contender, steps: int) -> list[tuple[float, floa
     forward (update_gates.py) leaves its update running when a step's stream is done, so
     its step is timed from the end of the step before (one untimed step first): a window
     that holds what the next forward waited for of that update, and the host's gap between
-    the steps, which a training loop without a sync each step would not have. After the
-    last step its update is waited for, so it runs under no other contender's step."""
-    optimizer = c.optimizer or s.optimizer
-    if not (isinstance(optimizer, GatedMainWeightsAdamW) and c.session.runner.grads_stay_put):
-        return [_one_step(s, c) for _ in range(steps)]
-    optimizer.defer = True
-    try:
+    the steps, which a training loop without a sync each step would not have."""
+    with _updates_deferred(s, c) as deferred:
+        if not deferred:
+            return [_one_step(s, c) for _ in range(steps)]
         _one_step(s, c)
         return [_one_step(s, c, since=c.last_end) for _ in range(steps)]
+
+
+@contextlib.contextmanager
+def _updates_deferred(s: _Setup, c: _Contender) -> Iterator[bool]:
+    """Whether `c`'s update is left to run under its next step's forward inside; after, it
+    is waited for, so it runs under no other contender's step."""
+    optimizer = c.optimizer or s.optimizer
+    deferred = isinstance(optimizer, GatedMainWeightsAdamW) and c.session.runner.grads_stay_put
+    if isinstance(optimizer, GatedMainWeightsAdamW) and not deferred:
+        warnings.warn(f"{c.label!r}: its update waits for itself each step (some module's "
+                      "gradients are not left in place by a CUDA graph)", stacklevel=3)
+    if not deferred:
+        yield False
+        return
+    optimizer.defer = True
+    try:
+        yield True
     finally:
         optimizer.defer = False
         optimizer.settle()
@@ -831,10 +852,13 @@ def _torch_trace(s: _Setup, c: _Contender, directory: str | None) -> str | None:
     out.mkdir(parents=True, exist_ok=True)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if s.device.type == "cuda"
                                            else [])
-    with profile(activities=activities) as prof:
-        for i in range(TRACED_STEPS):  # the marks `mosaic kernel-time` counts steps by
-            with record_function(f"ProfilerStep#{i}"):
-                _one_step(s, c)
+    with _updates_deferred(s, c) as deferred:
+        if deferred:  # untraced: the first traced step holds this one's update, as each after
+            _one_step(s, c)
+        with profile(activities=activities) as prof:
+            for i in range(TRACED_STEPS):  # the marks `mosaic kernel-time` counts steps by
+                with record_function(f"ProfilerStep#{i}"):
+                    _one_step(s, c)
     prof.export_chrome_trace(str(out / f"trace-rank{s.dist.rank}.json.gz"))
     return str(out)
 
