@@ -62,10 +62,12 @@ def test_a_module_compiled_by_blocks_calls_each_block_through_a_slot():
 
 
 def gated_against_plain(device: str, graphs: bool, steps: int = 3, defer: bool = False,
-                        planner: str = "mosaic", flat: bool = True):
+                        planner: str = "mosaic", flat: bool = True, delay_cycles: int = 0):
     """Parameters after `steps` steps of a plan of ImageBind `tiny` with bf16 weights,
     updated by MainWeightsAdamW after the backward and by GatedMainWeightsAdamW (with `defer`,
-    under the next step's forward once the gradients stay put)."""
+    under the next step's forward once the gradients stay put; `delay_cycles`: the update
+    stream sleeps that long before each update, so a forward that did not wait for it would
+    read the weights before it)."""
     from mosaic.engine.main_weights import MainWeightsAdamW, cast_weights_bf16
     from mosaic.engine.session import (
         EngineConfig,
@@ -95,6 +97,8 @@ def gated_against_plain(device: str, graphs: bool, steps: int = 3, defer: bool =
             for step in range(steps):
                 optimizer.zero_grad(set_to_none=True)
                 session.step(data)
+                if kind == "gated" and delay_cycles:
+                    _sleep_before_update(session.gates.stream, delay_cycles)
                 optimizer.step()
                 if graphs and step == 0:
                     session.capture_graphs()
@@ -109,6 +113,12 @@ def gated_against_plain(device: str, graphs: bool, steps: int = 3, defer: bool =
     finally:
         end_distributed(d)
     return states, deferred
+
+
+def _sleep_before_update(stream, cycles: int) -> None:
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        torch.cuda._sleep(cycles)
 
 
 def test_the_gated_update_computes_what_main_weights_adamw_does():
