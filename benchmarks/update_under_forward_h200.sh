@@ -5,9 +5,8 @@
 # session before could not run; 2. Unified-IO 2 `paper` b4 (the MFU target's row): megatron's
 # plan (the planner's at b4) with bf16 weights and moments a weight at a time, with and
 # without `update_under_forward`, beside the user's torch.compile program, one plan group at a
-# time (each bf16 variant trains its own copy of the model). UPDATE_SMS (default "0"): the
-# update stream's SMs per gated variant (0: a plain stream; else a green context of that many).
-# TESTS="" skips the GPU tests.
+# time (each bf16 variant trains its own copy of the model). TESTS="" skips the GPU tests;
+# USER_PROGRAMS="" the user's program.
 set -u
 OUT=${1:?usage: update_under_forward_h200.sh OUT}
 mkdir -p "$OUT" /tmp/logs
@@ -15,14 +14,10 @@ export PYTHONPATH=src PYTHONUNBUFFERED=1
 TESTS=${TESTS-tests/gpu/test_update_gates_gpu.py tests/gpu/test_graphed_gpu.py}
 [ -n "$TESTS" ] && LIMIT=150 TESTS=$TESTS bash benchmarks/gpu_tests_h200.sh "$OUT" | head -n 8
 BF16=bf16_weights=true,bf16_flat_grads=false,bf16_moments=true
-variants=(--engine-variant "$BF16")
-for sms in ${UPDATE_SMS:-0}; do
-  sized=""; [ "$sms" != 0 ] && sized=",update_sms=$sms"
-  variants+=(--engine-variant "$BF16,update_under_forward=true$sized")
-done
+variants=(--engine-variant "$BF16" --engine-variant "$BF16,update_under_forward=true")
 name=bench_unified-io-2_paper_1gpu_b4_update_under_forward
 timeout -k 10 "${LIMIT_BENCH:-330}" python -m mosaic bench unified-io-2 --gpus 1 --preset paper \
-  --batch 4 --perf-model profiled --compile-scope blocks --user-programs torch-compile \
+  --batch 4 --perf-model profiled --compile-scope blocks --user-programs "${USER_PROGRAMS-torch-compile}" \
   --rounds 3 --plans-at-once 1 --planners megatron "${variants[@]}" --out "/tmp/$name" --json \
   --torch-trace /tmp/traces > "$OUT/$name.json" 2> "/tmp/logs/$name.err"
 echo "bench rc=$?"; grep -E "^mosaic bench|Error" "/tmp/logs/$name.err" | tail -n 4

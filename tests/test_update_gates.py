@@ -62,12 +62,15 @@ def test_a_module_compiled_by_blocks_calls_each_block_through_a_slot():
 
 
 def gated_against_plain(device: str, graphs: bool, steps: int = 3, defer: bool = False,
-                        planner: str = "mosaic", flat: bool = True, delay_cycles: int = 0):
+                        planner: str = "mosaic", flat: bool = True, delay_cycles: int = 0,
+                        compiled: bool = False,
+                        model_name: str = "imagebind", preset: str = "tiny"):
     """Parameters after `steps` steps of a plan of ImageBind `tiny` with bf16 weights,
     updated by MainWeightsAdamW after the backward and by GatedMainWeightsAdamW (with `defer`,
     under the next step's forward once the gradients stay put; `delay_cycles`: the update
     stream sleeps that long before each update, so a forward that did not wait for it would
     read the weights before it)."""
+    from mosaic.engine.compile import compile_modules
     from mosaic.engine.main_weights import MainWeightsAdamW, cast_weights_bf16
     from mosaic.engine.session import (
         EngineConfig,
@@ -79,21 +82,23 @@ def gated_against_plain(device: str, graphs: bool, steps: int = 3, defer: bool =
     )
     from mosaic.engine.update_gates import GatedMainWeightsAdamW
 
-    model = get_model("imagebind")
-    graph = model.graph("tiny")
-    plan = _plans(graph)[planner]
+    model = get_model(model_name)
+    graph = model.graph(preset)
+    plan = _plans(graph)[planner] if "align" in graph.names else _one_by_one(graph)
     d = start_distributed(device)
     states, deferred = {}, 0
     try:
         for kind in ("plain", "gated"):
-            modules = build_modules(model, "tiny", graph.names, 0, d.device)
+            modules = build_modules(model, preset, graph.names, 0, d.device)
             cast_weights_bf16(modules.values(), min_elements=1)  # tiny's weights are small
             engine = EngineConfig(graphs=graphs, bf16_weights=True, bf16_flat_grads=flat,
                                   update_under_forward=kind == "gated")
-            session = RankSession.create(plan, graph, modules, d, H200, engine)
+            views = (compile_modules(modules, "default", scope="blocks")[0] if compiled
+                     else None)
+            session = RankSession.create(plan, graph, modules, d, H200, engine, views=views)
             optimizer = (MainWeightsAdamW(session.parameters(), 1e-3) if kind == "plain" else
                          GatedMainWeightsAdamW(session.parameters(), 1e-3, gates=session.gates))
-            data = session.local_batch(make_batch(model, "tiny", graph.global_batch, 0, 0))
+            data = session.local_batch(make_batch(model, preset, graph.global_batch, 0, 0))
             for step in range(steps):
                 optimizer.zero_grad(set_to_none=True)
                 session.step(data)
@@ -115,14 +120,24 @@ def gated_against_plain(device: str, graphs: bool, steps: int = 3, defer: bool =
     return states, deferred
 
 
+def _one_by_one(graph):
+    """Megatron's one-GPU plan: every module in a temporal stage of its own, in graph order."""
+    from mosaic.plan import Placement, Plan, Stage
+
+    stages = tuple(Stage(placements=(Placement(module=m, gpus=(0,)),)) for m in graph.topo_order())
+    return Plan(model=graph.name, planner="megatron", num_gpus=1, stages=stages,
+                predicted_iteration_s=0.01)
+
+
 def _sleep_before_update(stream, cycles: int) -> None:
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
         torch.cuda._sleep(cycles)
 
 
-def test_the_gated_update_computes_what_main_weights_adamw_does():
-    states, _ = gated_against_plain("cpu", graphs=False)
+@pytest.mark.parametrize("model_name", ["imagebind", "unified-io-2"])
+def test_the_gated_update_computes_what_main_weights_adamw_does(model_name):
+    states, _ = gated_against_plain("cpu", graphs=False, model_name=model_name)
     for name, want in states["plain"].items():
         torch.testing.assert_close(states["gated"][name], want, rtol=0, atol=0, msg=name)
 
@@ -145,11 +160,11 @@ def test_update_under_forward_is_a_bench_variant_and_refused_by_the_trainer():
     from mosaic.engine.trainer import TrainConfig, TrainError
 
     graph = get_model("clip").graph("tiny")
-    settings = parse_variant("bf16_weights=true,update_under_forward=true,update_sms=16")
-    assert settings == {"bf16_weights": True, "update_under_forward": True, "update_sms": 16}
+    settings = parse_variant("bf16_weights=true,update_under_forward=true")
+    assert settings == {"bf16_weights": True, "update_under_forward": True}
     assert variant_applies(_plans(graph)["megatron"], settings)
     plans = _plans(graph)
-    label = "mosaic@bf16_weights=true,update_under_forward=true,update_sms=16"
+    label = "mosaic@bf16_weights=true,update_under_forward=true"
     plans[label] = plans["mosaic"]
     config = BenchConfig(rounds=1, steps_per_round=2, warmup_steps=0, nvml_seconds=0,
                          user_programs=(), engine=EngineConfig(amp=True))  # as on a GPU
@@ -161,16 +176,3 @@ def test_update_under_forward_is_a_bench_variant_and_refused_by_the_trainer():
         TrainConfig(model="clip", preset="tiny", plan=plans["mosaic"],
                     engine=EngineConfig(bf16_weights=True, update_under_forward=True))
 
-
-def test_the_update_streams_sms_are_a_whole_number_for_the_gated_update_only():
-    from mosaic.engine.measure import BenchError, parse_variant
-    from mosaic.engine.session import EngineConfig, SessionError
-
-    assert parse_variant("update_under_forward=true,update_sms=32") == {
-        "update_under_forward": True, "update_sms": 32}
-    with pytest.raises(BenchError, match="update_sms is a whole number"):
-        parse_variant("update_sms=half")
-    with pytest.raises(SessionError, match="set that too"):
-        EngineConfig(bf16_weights=True, update_sms=32)
-    with pytest.raises(SessionError, match="must be >= 0"):
-        EngineConfig(bf16_weights=True, update_under_forward=True, update_sms=-8)

@@ -73,13 +73,13 @@ class UpdateGates:
     update must go)."""
 
     def __init__(self, order: list[str], modules: dict[str, nn.Module],
-                 device: torch.device, stream: Any = None) -> None:
-        """`stream`: the update's (a green context's, to hold it to its SMs); default a new
-        plain stream."""
+                 device: torch.device) -> None:
         from mosaic.engine.compile import repeated_block_lists  # compile.py imports GateSlot
 
         self.cuda = device.type == "cuda"
-        self.stream = (stream or torch.cuda.Stream(device)) if self.cuda else None
+        # A plain stream: one of a green context (to leave the forward's GEMMs their SMs) lost
+        # the order on the H200, see docs/engine.md.
+        self.stream = torch.cuda.Stream(device) if self.cuda else None
         self.module_events: dict[str, Any] = {}
         self.block_events: dict[int, Any] = {}
         self.groups: list[tuple[Any, list[nn.Parameter]]] = []
