@@ -22,6 +22,11 @@ dropped, from a capture too.
 where the runner calls it; it waits only while a runner's forward has its gates `active()`,
 so other programs calling the same blocks (a bench's baselines) never wait.
 
+Measured on the H200 (docs/engine.md): Unified-IO 2 `paper` b4 1.006-1.012x, since the
+update's pointwise kernels fill every SM and the forward's kernels ran between them rather
+than beside them (traced concurrency 1.03); the runner therefore runs a gated plan's
+temporal stages on high-priority streams (PlanRunner._pipeline_streams).
+
 What it changes: nothing in the arithmetic (the same update kernels on the same tensors, in
 another order: each tensor's update is elementwise and its own). What a caller must do: wait
 for the update stream (`settle`) before reading weights or optimizer state outside a forward
