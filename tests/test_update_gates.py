@@ -11,7 +11,8 @@ from torch import nn
 
 from mosaic.bench import BenchConfig, measure_plans
 from mosaic.engine.compile import CompiledModule, CompileReport, repeated_block_lists
-from mosaic.engine.update_gates import GateSlot, UpdateGates
+from mosaic.engine.gate_slot import GateSlot
+from mosaic.engine.update_gates import UpdateGates
 from mosaic.hardware import H200
 from mosaic.zoo import get_model
 from tests.test_bench import _plans

@@ -40,7 +40,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from mosaic.engine.update_gates import slotted
+from mosaic.engine.gate_slot import slotted
 
 log = logging.getLogger(__name__)
 

@@ -46,10 +46,11 @@ from mosaic.engine.comm import FlatGrads, Key, PlanComm, routes_for, sample_rang
 from mosaic.engine.compile import blockwise_view, repeated_block_lists
 from mosaic.engine.ddp import wrap_ddp
 from mosaic.engine.fsdp import shard_module
+from mosaic.engine.gate_slot import slotted
 from mosaic.engine.graphed import InGraphGradModule, fresh_cublas_workspaces
 from mosaic.engine.tensor_parallel import local_tensor
 from mosaic.engine.timer import Mark, Timer
-from mosaic.engine.update_gates import UpdateGates, slotted
+from mosaic.engine.update_gates import UpdateGates
 from mosaic.errors import MosaicError
 from mosaic.graph import MMGraph
 from mosaic.plan import Plan

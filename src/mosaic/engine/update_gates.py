@@ -18,7 +18,7 @@ replayed on two streams keep the order without the host. They are recorded once 
 torch creates an event at its first record, and a wait on an event not yet created is
 dropped, from a capture too.
 
-`GateSlot` wraps each block of a module's repeated-block list (compile.repeated_block_lists)
+`GateSlot` (gate_slot.py) wraps each block of a module's repeated-block list (compile.repeated_block_lists)
 where the runner calls it; it waits only while a runner's forward has its gates `active()`,
 so other programs calling the same blocks (a bench's baselines) never wait.
 
@@ -36,40 +36,14 @@ for the update stream (`settle`) before reading weights or optimizer state outsi
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
-from collections.abc import Iterator
 from typing import Any
 
 import torch
 from torch import nn
 
+from mosaic.engine.compile import repeated_block_lists
+from mosaic.engine.gate_slot import waiting_blocks
 from mosaic.engine.main_weights import MainWeightsAdamW, _adjacent_runs, _flat
-
-_ACTIVE: contextvars.ContextVar[dict[int, Any] | None] = contextvars.ContextVar(
-    "mosaic_update_gates", default=None)
-"""id(block) -> the event its forward waits for, while a gated forward runs (else None)."""
-
-
-class GateSlot(nn.Module):
-    """`inner` (a block, or its compiled wrapper), preceded by a wait for the update of
-    `block`'s weights while gates are active (module doc). The block's id, not the block: it
-    must not be registered twice in a view that holds `inner`."""
-
-    def __init__(self, inner: nn.Module, block: nn.Module) -> None:
-        super().__init__()
-        self.inner = inner
-        self.key = id(block)
-
-    def forward(self, *args: Any, **kwargs: Any) -> Any:
-        events = _ACTIVE.get()
-        if events is not None and (event := events.get(self.key)) is not None:
-            torch.cuda.current_stream().wait_event(event)
-        return self.inner(*args, **kwargs)
-
-
-def slotted(block: nn.Module, inner: nn.Module | None = None) -> GateSlot:
-    return GateSlot(block if inner is None else inner, block)
 
 
 class UpdateGates:
@@ -79,8 +53,6 @@ class UpdateGates:
 
     def __init__(self, order: list[str], modules: dict[str, nn.Module],
                  device: torch.device) -> None:
-        from mosaic.engine.compile import repeated_block_lists  # compile.py imports GateSlot
-
         self.cuda = device.type == "cuda"
         # A plain stream: one of a green context (to leave the forward's GEMMs their SMs) lost
         # the order on the H200, see docs/engine.md.
@@ -113,14 +85,9 @@ class UpdateGates:
         event.record(self.stream)  # created now: see the module doc
         return event
 
-    @contextlib.contextmanager
-    def active(self) -> Iterator[None]:
-        """Blocks called inside wait for their update (GateSlot)."""
-        token = _ACTIVE.set(self.block_events)
-        try:
-            yield
-        finally:
-            _ACTIVE.reset(token)
+    def active(self) -> Any:
+        """A context inside which blocks wait for their update (GateSlot)."""
+        return waiting_blocks(self.block_events)
 
     def wait_module(self, module: str, stream: Any) -> None:
         """`stream` (about to run `module`'s forward) waits for the module's own update."""
