@@ -177,3 +177,46 @@ def test_update_under_forward_is_a_bench_variant_and_refused_by_the_trainer():
         TrainConfig(model="clip", preset="tiny", plan=plans["mosaic"],
                     engine=EngineConfig(bf16_weights=True, update_under_forward=True))
 
+
+
+def _gated_optimizer():
+    from mosaic.engine.main_weights import cast_weights_bf16
+    from mosaic.engine.update_gates import GatedMainWeightsAdamW
+
+    blocks = nn.Sequential(nn.ModuleList([nn.Linear(4, 4), nn.Linear(4, 4)]))
+    cast_weights_bf16([blocks], min_elements=1)
+    gates = UpdateGates(["m"], {"m": blocks}, torch.device("cpu"))
+    return GatedMainWeightsAdamW(list(blocks.parameters()), 1e-3, gates=gates)
+
+
+@pytest.mark.parametrize("stay_put", [True, False])
+def test_a_deferred_contender_is_timed_from_the_end_of_its_step_before(monkeypatch, stay_put):
+    """Its update runs past its step's end, so each timed window starts where the step before
+    ended (after one untimed step), and the update is waited for once the steps are done.
+    Where gradients do not stay put it is not deferred, and the bench says so."""
+    from types import SimpleNamespace
+
+    from mosaic.engine import measure
+
+    optimizer = _gated_optimizer()
+    settled, calls = [], []
+    monkeypatch.setattr(optimizer, "settle", lambda: settled.append(optimizer.defer))
+
+    def one_step(s, c, since=None):
+        calls.append((since, optimizer.defer))
+        c.last_end = len(calls)
+        return 0.01, 0.001
+
+    monkeypatch.setattr(measure, "_one_step", one_step)
+    runner = SimpleNamespace(grads_stay_put=stay_put)
+    c = SimpleNamespace(label="gated", optimizer=optimizer, session=SimpleNamespace(runner=runner),
+                        last_end=None)
+    if not stay_put:
+        with pytest.warns(UserWarning, match="waits for itself"):
+            times = measure._timed_steps(SimpleNamespace(optimizer=None), c, 3)
+        assert calls == [(None, False)] * 3 and settled == [] and len(times) == 3
+        return
+    times = measure._timed_steps(SimpleNamespace(optimizer=None), c, 3)
+    assert len(times) == 3
+    assert calls == [(None, True), (1, True), (2, True), (3, True)]
+    assert settled == [False] and optimizer.defer is False
