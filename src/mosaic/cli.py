@@ -636,6 +636,8 @@ def train(
     finally:
         end_distributed(d)
     stopped = result.summary.get("stopped")
+    result.summary["predicted_guard_s"] = _guard_estimate(result.plan, model, str(preset), batch,
+                                                          engine, hardware)
     if int(os.environ.get("RANK", "0")) == 0:
         if out is not None:
             _write_run_folder(out, resolved, result, model, str(preset), batch, hardware,
@@ -762,6 +764,18 @@ def per_weight_saving_s(plan, graph, perf) -> float | None:
     return -extra if extra <= -PER_WEIGHT_MARGIN * perf.iteration_time_s(plan, graph) else None
 
 
+def _guard_estimate(plan, model: str, preset: str, batch: int | None, engine,
+                    hardware: str) -> float:
+    """Seconds the trained step's non-finite guard reads the gradients for, by the model
+    (perf.base.guard_pass_s): what `_predicted` adds to the plan's predicted (bench) step."""
+    from mosaic.hardware import make_cluster
+    from mosaic.perf.base import guard_pass_s
+    from mosaic.zoo import get_model
+
+    graph = engine.holding(get_model(model).graph(preset, global_batch=batch))
+    return guard_pass_s(plan, graph, make_cluster(plan.num_gpus, hardware).gpu)
+
+
 def _say_trained(result, data) -> None:
     summary = result.summary
     typer.echo(
@@ -788,11 +802,15 @@ def _say_trained(result, data) -> None:
 
 
 def _predicted(summary: dict) -> str:
-    """The model's step beside the measured one, so every run shows how far to trust a plan
-    (the trained step adds the NaN guard's pass over the gradients, which the model leaves
-    out: 2-3 ms of Unified-IO 2 `paper` b4's 75 on the H200). Not on a CPU: the model
-    predicts the GPU's step."""
+    """The model's step beside the measured one, so every run shows how far to trust a plan:
+    the plan's predicted step (a bench step's) plus the non-finite guard's read of the
+    gradients, which a trained step adds (perf.base.guard_pass_s). Without it the model
+    predicted Qwen3-VL `paper` b2 with bf16 weights and moments at 104.2 ms on the H200,
+    measured 108.4 (2026-12-04); the guard reads 18.5 GB of gradients there: 4.3 ms. Not on
+    a CPU: the model predicts the GPU's step."""
     predicted = summary.get("predicted_iteration_s")
+    if predicted:
+        predicted += summary.get("predicted_guard_s") or 0.0
     on_gpu = str(summary.get("device", "")).startswith("cuda")
     return f"; model {predicted * 1e3:.1f}" if predicted and on_gpu else ""
 

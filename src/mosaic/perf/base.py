@@ -24,7 +24,7 @@ from mosaic import sharding
 from mosaic import tensor_parallel as tp
 from mosaic.errors import MosaicError
 from mosaic.graph import MMGraph, ModuleSpec
-from mosaic.hardware import ClusterSpec
+from mosaic.hardware import ClusterSpec, GPUSpec
 from mosaic.plan import Placement, Plan, Stage
 
 GRAD_BYTES_PER_PARAM = 4.0
@@ -316,6 +316,16 @@ class PerfModel(ABC):
         note = (f"; {self.accumulation} accumulated micro-steps per step"
                 if self.accumulation > 1 else "")
         return plan.with_prediction(self.iteration_time_s(plan, graph), self.describe() + note)
+
+
+def guard_pass_s(plan: Plan, graph: MMGraph, gpu: GPUSpec) -> float:
+    """The trainer's non-finite guard (engine/steps.py): one read of every gradient after the
+    backward, on the GPU holding the most parameters: 2 bytes a bf16 weight's, 4 the others'.
+    A bench step has no guard, so the module times and the engine term (fitted on bench runs)
+    leave it out; `mosaic train` shows its prediction with it."""
+    grad_bytes = sum((4 * graph.module(m).num_params - 2 * graph.module(m).stored_bf16_params)
+                     * part for m, part in busiest_gpu_parts(plan, graph))
+    return grad_bytes / gpu.mem_bandwidth_bps
 
 
 def busiest_gpu_parts(plan: Plan, graph: MMGraph) -> list[tuple[str, float]]:
