@@ -18,9 +18,10 @@ replayed on two streams keep the order without the host. They are recorded once 
 torch creates an event at its first record, and a wait on an event not yet created is
 dropped, from a capture too.
 
-`GateSlot` (gate_slot.py) wraps each block of a module's repeated-block list (compile.repeated_block_lists)
-where the runner calls it; it waits only while a runner's forward has its gates `active()`,
-so other programs calling the same blocks (a bench's baselines) never wait.
+`GateSlot` (gate_slot.py) wraps each block of a module's repeated-block list
+(compile.repeated_block_lists) where the runner calls it; it waits only while a runner's
+forward has its gates `active()`, so other programs calling the same blocks (a bench's
+baselines) never wait.
 
 Measured on the H200 (docs/engine.md): Unified-IO 2 `paper` b4 1.006-1.012x, since the
 update's pointwise kernels fill every SM and the forward's kernels ran between them rather
@@ -116,8 +117,8 @@ class GatedMainWeightsAdamW(MainWeightsAdamW):
         self.gates = gates
         self.defer = False
         mine = {id(p) for p in self.bf16}
-        grouped = [(event, [p for p in params if id(p) in mine]) for event, params in gates.groups]
-        missing = mine - {id(p) for _, params in grouped for p in params}
+        grouped = [(event, [p for p in group if id(p) in mine]) for event, group in gates.groups]
+        missing = mine - {id(p) for _, group in grouped for p in group}
         if missing:
             raise ValueError(f"{len(missing)} bf16 weights belong to no module of the gates: "
                              "build the optimizer over the session's parameters")
@@ -140,7 +141,9 @@ class GatedMainWeightsAdamW(MainWeightsAdamW):
         self.gates.settle()
 
     def _update_all(self) -> None:
-        if self.rest is not None:  # fp32 parameters first: every module's forward reads some
+        # As MainWeightsAdamW's, but _bf16_step runs without bf16 weights too: every gate's
+        # event must be recorded after `rest`, or a forward would not wait for its fp32 update.
+        if self.rest is not None:
             self.rest.step()
         self._bf16_step()
 
