@@ -12,7 +12,7 @@ OUT=${1:?usage: update_under_forward_h200.sh OUT}
 mkdir -p "$OUT" /tmp/logs
 export PYTHONPATH=src PYTHONUNBUFFERED=1
 TESTS=${TESTS-tests/gpu/test_update_gates_gpu.py tests/gpu/test_graphed_gpu.py}
-[ -n "$TESTS" ] && LIMIT=150 TESTS=$TESTS bash benchmarks/gpu_tests_h200.sh "$OUT" | head -n 8
+[ -n "$TESTS" ] && LIMIT=${LIMIT_TESTS:-200} TESTS=$TESTS bash benchmarks/gpu_tests_h200.sh "$OUT" | head -n 8
 BF16=bf16_weights=true,bf16_flat_grads=false,bf16_moments=true
 variants=(--engine-variant "$BF16" --engine-variant "$BF16,update_under_forward=true")
 name=bench_unified-io-2_paper_1gpu_b4_update_under_forward

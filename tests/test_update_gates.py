@@ -64,13 +64,15 @@ def test_a_module_compiled_by_blocks_calls_each_block_through_a_slot():
 
 def gated_against_plain(device: str, graphs: bool, steps: int = 3, defer: bool = False,
                         planner: str = "mosaic", flat: bool = True, delay_cycles: int = 0,
-                        compiled: bool = False,
+                        compiled: bool = False, delay_within: bool = False,
                         model_name: str = "imagebind", preset: str = "tiny"):
     """Parameters after `steps` steps of a plan of ImageBind `tiny` with bf16 weights,
     updated by MainWeightsAdamW after the backward and by GatedMainWeightsAdamW (with `defer`,
     under the next step's forward once the gradients stay put; `delay_cycles`: the update
     stream sleeps that long before each update, so a forward that did not wait for it would
-    read the weights before it)."""
+    read the weights before it; `delay_within`: it sleeps after each module's own update
+    instead, before the module's blocks', so only each block's own wait keeps the forward from
+    reading them early, and gradients the forward may overwrite would be read late)."""
     from mosaic.engine.compile import compile_modules
     from mosaic.engine.main_weights import MainWeightsAdamW, cast_weights_bf16
     from mosaic.engine.session import (
@@ -103,8 +105,10 @@ def gated_against_plain(device: str, graphs: bool, steps: int = 3, defer: bool =
             for step in range(steps):
                 optimizer.zero_grad(set_to_none=True)
                 session.step(data)
-                if kind == "gated" and delay_cycles:
+                if kind == "gated" and delay_cycles and not delay_within:
                     _sleep_before_update(session.gates.stream, delay_cycles)
+                if kind == "gated" and delay_cycles and delay_within and step == 0:
+                    _sleep_after_module_updates(session.gates, delay_cycles)
                 optimizer.step()
                 if graphs and step == 0:
                     session.capture_graphs()
@@ -128,6 +132,18 @@ def _one_by_one(graph):
     stages = tuple(Stage(placements=(Placement(module=m, gpus=(0,)),)) for m in graph.topo_order())
     return Plan(model=graph.name, planner="megatron", num_gpus=1, stages=stages,
                 predicted_iteration_s=0.01)
+
+
+def _sleep_after_module_updates(gates, cycles: int) -> None:
+    record = gates.record
+    module_events = {id(event) for event in gates.module_events.values()}
+
+    def record_then_sleep(event) -> None:
+        record(event)
+        if id(event) in module_events:
+            torch.cuda._sleep(cycles)
+
+    gates.record = record_then_sleep
 
 
 def _sleep_before_update(stream, cycles: int) -> None:

@@ -136,3 +136,23 @@ def test_capture_holds_one_set_of_gradients_beside_the_graphs():
     out = graphed(x.detach().clone().requires_grad_())
     out.sum().backward()
     assert all(p.grad is not None for p in module.parameters())
+
+
+def test_own_gradients_outlive_the_next_forward_when_asked():
+    """An update deferred under the next forward reads the gradients while that forward runs
+    (update_gates.py). With `grads_outlive_forward` the backward graph keeps its own pool, so
+    the forward's temporaries (which may otherwise reuse the memory of the gradients the
+    backward left) leave them as they were."""
+    torch.manual_seed(0)
+    module = nn.Sequential(nn.Linear(256, 1024), nn.GELU(), nn.Linear(1024, 256)).cuda()
+    x = torch.randn(64, 256, device="cuda")
+    graphed = InGraphGradModule(module, list(module.parameters()), (x.clone(),),
+                                torch.cuda.Stream(), grads_outlive_forward=True)
+    graphed.attach()
+    graphed(x).square().sum().backward()
+    torch.cuda.synchronize()
+    kept = [p.grad.clone() for p in module.parameters()]
+    graphed(torch.randn_like(x) * 100)  # a forward alone, other values
+    torch.cuda.synchronize()
+    for p, want in zip(module.parameters(), kept, strict=True):
+        assert torch.equal(p.grad, want)

@@ -16,6 +16,13 @@ touches them; the backward graph itself leaves each gradient in one of three pla
 - "add": the same with `torch._foreach_add_`, for several backwards per optimizer step
   (gradient accumulation, micro-batches); the owner zeroes the buffer between steps.
 
+In "own" mode the gradients live in the graphs' private memory pool, which the two graphs
+share: the backward's outputs may sit where the forward graph keeps its temporaries, so the
+next forward replay overwrites them. Nothing reads them then, except an update deferred under
+that forward (update_gates.py): `grads_outlive_forward` captures the backward in a pool of
+its own. (Measured on the H200, Unified-IO 2 `tiny` with its update delayed block by block:
+without it every weight trained differently and the loss went NaN; with it, bit for bit.)
+
 Measured on the H200 (CLIP `paper`, batch 16, 1 GPU): letting autograd's AccumulateGrad add
 inside the graph instead (one add kernel per parameter tensor) cost 1.2 ms per step, 11%.
 """
@@ -37,16 +44,22 @@ class InGraphGradModule:
     """`fn` replayed from a forward and a backward CUDA graph; parameter gradients per `mode`
     (module doc). `views`: for "copy" and "add", each parameter's persistent gradient tensor,
     in the order of `params`. Parameters the warm-up leaves without a gradient are `unused`:
-    their `.grad` stays None (the optimizer skips them, as it would eagerly)."""
+    their `.grad` stays None (the optimizer skips them, as it would eagerly).
+    `grads_outlive_forward`: the backward graph gets a memory pool apart from the forward's,
+    so the gradients it leaves survive the next forward replay (module doc)."""
 
     def __init__(self, fn: Any, params: Sequence[nn.Parameter], samples: Sequence[torch.Tensor],
                  stream: torch.cuda.Stream, mode: str = "own",
-                 views: Sequence[torch.Tensor] | None = None) -> None:
+                 views: Sequence[torch.Tensor] | None = None, *,
+                 grads_outlive_forward: bool = False) -> None:
         if mode not in MODES:
             raise ValueError(f"mode={mode!r}; use one of {MODES}")
         if (views is None) != (mode == "own"):
             raise ValueError(f"mode={mode!r} {'takes no' if mode == 'own' else 'needs'} views")
         self.fn, self.mode = fn, mode
+        self.grads_outlive_forward = grads_outlive_forward or mode != "own"
+        """Whether the gradients stay intact through the next forward replay ("copy" and
+        "add" keep them in buffers outside the graphs)."""
         trainable = [(i, p) for i, p in enumerate(params) if p.requires_grad]
         self.static_inputs = tuple(samples)
         unused = self._warm_up([p for _, p in trainable])
@@ -62,8 +75,9 @@ class InGraphGradModule:
         self.static_input_grads: list[torch.Tensor | None] = [None] * len(self.static_inputs)
         self.param_grads: list[torch.Tensor | None] = []
         if self.differentiable:
-            with torch.cuda.graph(self.backward_graph, pool=self.forward_graph.pool(),
-                                  stream=stream):
+            pool = (torch.cuda.graph_pool_handle() if grads_outlive_forward
+                    else self.forward_graph.pool())
+            with torch.cuda.graph(self.backward_graph, pool=pool, stream=stream):
                 self._capture_backward(out)
         # The output's storage only: its autograd graph would keep each parameter's
         # AccumulateGrad node alive, created on the capture stream, and eager autograd over the

@@ -593,10 +593,11 @@ class PlanRunner:
     @property
     def grads_stay_put(self) -> bool:
         """Whether every module's gradients live in tensors its backward graph rewrites in
-        place, which nothing frees or zeroes between steps: an update may still read them
-        while the next step's forward runs (update_gates.py)."""
-        return self.graphed and all(self._homes[m].graph_mode in ("own", "copy")
-                                    and m in self._in_graph for m in self.local)
+        place, which nothing frees, zeroes or (graphed.py) reuses between steps: an update may
+        still read them while the next step's forward runs (update_gates.py)."""
+        return self.graphed and all(
+            self._homes[m].graph_mode in ("own", "copy") and m in self._in_graph
+            and all(g.grads_outlive_forward for g in self._in_graph[m]) for m in self.local)
 
     def _grads_final_at_backward(self, m: str) -> bool:
         """Whether module m's gradients are final when its backward ends (no all-reduce, DDP,
@@ -711,7 +712,8 @@ class PlanRunner:
             params = list(self.modules[m].parameters())
             for p in params:  # the eager step's, replaced by the graph's at the next step
                 p.grad = None  # (attach_grads): not held beside the capture's own
-            graphed = InGraphGradModule(eager, params, samples, stream)
+            graphed = InGraphGradModule(eager, params, samples, stream,
+                                        grads_outlive_forward=self.gates is not None)
         else:
             flat = self._flat_grads(m)
             graphed = InGraphGradModule(eager, flat.params, samples, stream, mode, flat.views)
