@@ -64,7 +64,7 @@ def test_a_module_compiled_by_blocks_calls_each_block_through_a_slot():
 
 def gated_against_plain(device: str, graphs: bool, steps: int = 3, defer: bool = False,
                         planner: str = "mosaic", flat: bool = True, delay_cycles: int = 0,
-                        compiled: bool = False, delay_within: bool = False,
+                        compiled: bool = False, delay_within: bool = False, update_sms: int = 0,
                         model_name: str = "imagebind", preset: str = "tiny"):
     """Parameters after `steps` steps of a plan of ImageBind `tiny` with bf16 weights,
     updated by MainWeightsAdamW after the backward and by GatedMainWeightsAdamW (with `defer`,
@@ -72,7 +72,8 @@ def gated_against_plain(device: str, graphs: bool, steps: int = 3, defer: bool =
     stream sleeps that long before each update, so a forward that did not wait for it would
     read the weights before it; `delay_within`: it sleeps after each module's own update
     instead, before the module's blocks', so only each block's own wait keeps the forward from
-    reading them early, and gradients the forward may overwrite would be read late)."""
+    reading them early, and gradients the forward may overwrite would be read late);
+    `update_sms`: the update's stream a green context of that many SMs)."""
     from mosaic.engine.compile import compile_modules
     from mosaic.engine.main_weights import MainWeightsAdamW, cast_weights_bf16
     from mosaic.engine.session import (
@@ -95,7 +96,8 @@ def gated_against_plain(device: str, graphs: bool, steps: int = 3, defer: bool =
             modules = build_modules(model, preset, graph.names, 0, d.device)
             cast_weights_bf16(modules.values(), min_elements=1)  # tiny's weights are small
             engine = EngineConfig(graphs=graphs, bf16_weights=True, bf16_flat_grads=flat,
-                                  update_under_forward=kind == "gated")
+                                  update_under_forward=kind == "gated",
+                                  update_sms=update_sms if kind == "gated" else 0)
             views = (compile_modules(modules, "default", scope="blocks")[0] if compiled
                      else None)
             session = RankSession.create(plan, graph, modules, d, H200, engine, views=views)
@@ -236,3 +238,17 @@ def test_a_deferred_contender_is_timed_from_the_end_of_its_step_before(monkeypat
     assert len(times) == 3
     assert calls == [(None, True), (1, True), (2, True), (3, True)]
     assert settled == [False] and optimizer.defer is False
+
+
+def test_the_update_streams_sms_are_a_whole_number_for_the_gated_update_only():
+    from mosaic.engine.measure import BenchError, parse_variant
+    from mosaic.engine.session import EngineConfig, SessionError
+
+    assert parse_variant("update_under_forward=true,update_sms=48") == {
+        "update_under_forward": True, "update_sms": 48}
+    with pytest.raises(BenchError, match="update_sms is a whole number"):
+        parse_variant("update_sms=half")
+    with pytest.raises(SessionError, match="set that too"):
+        EngineConfig(bf16_weights=True, update_sms=48)
+    with pytest.raises(SessionError, match="must be >= 0"):
+        EngineConfig(bf16_weights=True, update_under_forward=True, update_sms=-8)

@@ -99,3 +99,19 @@ def test_unified_io_2s_deferred_update_trains_as_main_weights_adamw(flat, delay_
     assert deferred >= 4
     differ = _differing(states)
     assert not differ, f"{len(differ)} of {len(states['plain'])} differ: {differ[:12]}"
+
+
+@pytest.mark.parametrize("flat", [False, True])
+def test_a_deferred_update_on_a_green_context_trains_as_main_weights_adamw(flat):
+    """The update's stream a green context of 32 SMs (`update_sms`), Unified-IO 2 `tiny`, the
+    update asleep after each module's own update. (Before the backward graphs kept their own
+    pool, every weight came out different here: docs/engine.md.)"""
+    from tests.test_update_gates import gated_against_plain
+
+    states, deferred = gated_against_plain("cuda", graphs=True, steps=6, defer=True,
+                                           planner="megatron", flat=flat,
+                                           delay_cycles=SLEEP_CYCLES, delay_within=True,
+                                           update_sms=32, model_name="unified-io-2")
+    assert deferred >= 4
+    differ = _differing(states)
+    assert not differ, f"{len(differ)} of {len(states['plain'])} differ: {differ[:12]}"

@@ -95,7 +95,8 @@ BASELINES = ("megatron", "distmm", "spindle")
 USER_ROUNDS = ("interleaved", "apart")
 VARIANT_FIELDS = ("grad_sync", "reduce_dtype", "bucket_view", "grads_in_graph",
                   "optimizer_overlap", "bf16_weights", "bf16_flat_grads", "bf16_moments",
-                  "update_under_forward")
+                  "update_under_forward", "update_sms")
+_INT_FIELDS = ("update_sms",)
 _BOOL_FIELDS = ("bucket_view", "grads_in_graph", "optimizer_overlap", "bf16_weights",
                 "bf16_flat_grads", "bf16_moments", "update_under_forward")
 """Engine settings a bench may vary per contender: gradient synchronisation, the optimizer
@@ -434,6 +435,10 @@ def parse_variant(text: str) -> dict[str, Any]:
             if value.lower() not in ("true", "false"):
                 raise BenchError(f"--engine-variant {text!r}: {key} is true or false")
             settings[key] = value.lower() == "true"
+        elif key in _INT_FIELDS:
+            if not value.isdigit():
+                raise BenchError(f"--engine-variant {text!r}: {key} is a whole number")
+            settings[key] = int(value)
         else:
             settings[key] = value
     return settings
@@ -454,7 +459,7 @@ def variant_applies(plan: Plan, settings: dict[str, Any]) -> bool:
     the optimizer's overlap and bf16 weights matter to every plan, the gradient-sync settings
     to data-parallel ones only."""
     every_plan = {"grads_in_graph", "optimizer_overlap", "bf16_weights", "bf16_flat_grads",
-                  "bf16_moments", "update_under_forward"}
+                  "bf16_moments", "update_under_forward", "update_sms"}
     return bool(every_plan & set(settings)) or synchronises_gradients(plan)
 
 

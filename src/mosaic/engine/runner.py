@@ -349,7 +349,8 @@ class PlanRunner:
         all at high priority, above the update's stream: traced on the H200 with both at the
         default priority, the update's pointwise kernels took every SM and the forward's
         kernels ran between them, not beside them (Unified-IO 2 `paper` b4: kernel time / busy
-        time 1.03); the block scheduler serves a higher-priority stream's blocks first."""
+        time 1.03); the block scheduler serves a higher-priority stream's blocks first, and
+        with it they ran beside each other (1.19)."""
         if not self.cuda or (self.micro_batches == 1 and self.gates is None):
             return {}
         last = len(self.plan.stages) - 1

@@ -27,7 +27,7 @@ from torch import nn
 from mosaic.engine import tensor_parallel
 from mosaic.engine.comm import PlanComm, check_world_size
 from mosaic.engine.compile import COMPILE_MODES, COMPILE_SCOPES
-from mosaic.engine.green import SMPartitionPool, requests_for_plan
+from mosaic.engine.green import SMPartitionPool, StreamRequest, requests_for_plan
 from mosaic.engine.main_weights import MainWeightsAdamW, MicroStepGradients
 from mosaic.engine.runner import GRAD_SYNC, REDUCE_DTYPES, PlanRunner, RunnerConfig, StepOutput
 from mosaic.engine.update_gates import UpdateGates
@@ -90,8 +90,13 @@ class EngineConfig:
     """With bf16_weights: the optimizer step runs on a side stream under the next step's
     forward, in forward order, each module and each block of a module compiled by blocks
     waiting only for its own weights (engine/update_gates.py). `mosaic bench` only
-    (`--engine-variant update_under_forward=true`): 1.006-1.012x on Unified-IO 2 `paper` b4
-    on one H200, whose update's kernels ran between the forward's, not beside them."""
+    (`--engine-variant update_under_forward=true`): 1.007-1.019x on Unified-IO 2 `paper` b4
+    on one H200, where the overlapped update and GEMMs slow each other down."""
+    update_sms: int = 0
+    """With update_under_forward: the update stream's SMs, a green context of that many (a
+    multiple of the GPU's SM granularity), so the forward's GEMMs keep the rest; 0: a plain
+    stream, all SMs. Measured slower on Unified-IO 2 `paper` b4 (48 SMs: 71.6 ms against 63.5
+    on a plain stream): the update's kernels need more than 48 SMs beside the forward."""
     grads_in_graph: bool = True
     """With graphs: each backward graph accumulates its module's parameter gradients itself
     (no per-parameter host work; engine/graphed.py), except where DDP synchronises them."""
@@ -115,6 +120,9 @@ class EngineConfig:
                                "set bf16_weights=True too, or leave bf16_flat_grads on")
         if self.update_under_forward:
             self._check_update_under_forward()
+        elif self.update_sms:
+            raise SessionError(f"update_sms={self.update_sms} sizes the update stream of "
+                               "update_under_forward: set that too, or leave update_sms 0")
         if self.bf16_moments and not self.bf16_weights:
             raise SessionError("bf16_moments keeps the bf16 weights' AdamW moments in bf16: set "
                                "bf16_weights=True too (--bf16-weights), or leave it off")
@@ -128,6 +136,8 @@ class EngineConfig:
             raise SessionError(f"update_under_forward with accumulation={self.accumulation}: "
                                "accumulated gradients are zeroed between steps, while the "
                                "update may still read them; use accumulation=1")
+        if self.update_sms < 0:
+            raise SessionError(f"update_sms={self.update_sms} must be >= 0 (0: all SMs)")
         if self.optimizer_overlap:
             raise SessionError("update_under_forward and optimizer_overlap schedule the same "
                                "update two ways: choose one")
@@ -387,6 +397,10 @@ def _param_groups(params: list[nn.Parameter]) -> list[dict[str, Any]]:
     return [{"params": group} for group in (plain, sharded) if group]
 
 
+UPDATE_STREAM = "mosaic.update"
+"""The pool key of the update's green-context stream (EngineConfig.update_sms)."""
+
+
 # --- the session -----------------------------------------------------------------------------
 class RankSession:
     """Everything this rank needs to run steps of one plan."""
@@ -409,13 +423,18 @@ class RankSession:
         step_graph = _micro_step_graph(plan, graph, modules, config.accumulation)
         comm = PlanComm.create(plan, d.device)
         views = _shard_tensor_parallel(plan, modules, comm, views)
-        pool = SMPartitionPool.create(requests_for_plan(plan, d.rank, gpu),
-                                      d.device.index if d.device.type == "cuda" else None, gpu)
+        requests = requests_for_plan(plan, d.rank, gpu)
+        if config.update_sms:  # a group of its own: it overlaps every stage
+            requests.append(StreamRequest(key=UPDATE_STREAM, mode="cap", num_sms=config.update_sms,
+                                          group=len(plan.stages)))
+        pool = SMPartitionPool.create(requests, d.device.index if d.device.type == "cuda" else None,
+                                      gpu)
         gates = None
         if config.update_under_forward:
             order = [p.module for stage in plan.stages for p in stage.placements
                      if d.rank in p.gpus and p.module in modules]  # else the runner says
-            gates = UpdateGates(order, {m: modules[m] for m in order}, d.device)
+            stream = pool.stream(UPDATE_STREAM) if config.update_sms else None
+            gates = UpdateGates(order, {m: modules[m] for m in order}, d.device, stream)
         try:
             runner = PlanRunner(plan=plan, graph=step_graph, modules=modules, comm=comm, pool=pool,
                                 config=config.runner_config(), device=d.device, views=views,

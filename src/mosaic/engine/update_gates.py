@@ -23,16 +23,17 @@ dropped, from a capture too.
 forward has its gates `active()`, so other programs calling the same blocks (a bench's
 baselines) never wait.
 
-Measured on the H200 (docs/engine.md): Unified-IO 2 `paper` b4 1.006-1.012x, since the
-update's pointwise kernels fill every SM and the forward's kernels ran between them rather
-than beside them (traced concurrency 1.03); the runner therefore runs a gated plan's
-temporal stages on high-priority streams (PlanRunner._pipeline_streams).
+Measured on the H200 (docs/engine.md): Unified-IO 2 `paper` b4 1.007-1.019x. With the
+forward's temporal stages on high-priority streams (PlanRunner._pipeline_streams) the update
+runs beside the forward, but the two slow each other down (both want the HBM bandwidth); on a
+green context of 48 SMs (`stream`, EngineConfig.update_sms) the update is slower still.
 
 What it changes: nothing in the arithmetic (the same update kernels on the same tensors, in
 another order: each tensor's update is elementwise and its own). What a caller must do: wait
 for the update stream (`settle`) before reading weights or optimizer state outside a forward
-(a checkpoint, an evaluation, the end of a run), and not free or zero gradients between steps
-(graph-owned gradients stay put; `PlanRunner.grads_stay_put`).
+(a checkpoint, an evaluation, the end of a run), and not free, zero or reuse gradients between
+steps (`PlanRunner.grads_stay_put`: flat buffers, or gradients a backward graph leaves in a
+memory pool apart from its forward graph's, graphed.py).
 """
 
 from __future__ import annotations
@@ -53,11 +54,11 @@ class UpdateGates:
     update must go)."""
 
     def __init__(self, order: list[str], modules: dict[str, nn.Module],
-                 device: torch.device) -> None:
+                 device: torch.device, stream: Any = None) -> None:
+        """`stream`: the update's (a green context's, to hold it to its SMs); default a new
+        plain stream."""
         self.cuda = device.type == "cuda"
-        # A plain stream: one of a green context (to leave the forward's GEMMs their SMs) lost
-        # the order on the H200, see docs/engine.md.
-        self.stream = torch.cuda.Stream(device) if self.cuda else None
+        self.stream = (stream or torch.cuda.Stream(device)) if self.cuda else None
         self.module_events: dict[str, Any] = {}
         self.block_events: dict[int, Any] = {}
         self.groups: list[tuple[Any, list[nn.Parameter]]] = []
