@@ -252,3 +252,38 @@ def test_the_update_streams_sms_are_a_whole_number_for_the_gated_update_only():
         EngineConfig(bf16_weights=True, update_sms=48)
     with pytest.raises(SessionError, match="must be >= 0"):
         EngineConfig(bf16_weights=True, update_under_forward=True, update_sms=-8)
+
+
+@pytest.mark.parametrize(("mode", "outlive", "stays"), [
+    ("own", False, False), ("own", True, True), ("copy", True, True), (None, True, False)])
+def test_gradients_stay_put_only_where_no_forward_graph_reuses_them(mode, outlive, stays):
+    """A deferred update reads the gradients while the next forward runs: graph-owned
+    gradients ("own") qualify only from a backward graph whose memory pool the forward graph
+    does not share (graphed.py); flat copies ("copy") always; autograd's (None) never."""
+    from dataclasses import replace as replaced
+    from types import SimpleNamespace
+
+    from mosaic.engine.session import (
+        EngineConfig,
+        RankSession,
+        build_modules,
+        end_distributed,
+        start_distributed,
+    )
+
+    model = get_model("imagebind")
+    graph = model.graph("tiny")
+    d = start_distributed("cpu")
+    try:
+        modules = build_modules(model, "tiny", graph.names, 0, d.device)
+        session = RankSession.create(_plans(graph)["megatron"], graph, modules, d, H200,
+                                     EngineConfig())
+        runner = session.runner
+        runner.graphed = True  # as after capture on a GPU
+        runner._homes = {m: replaced(h, graph_mode=mode) for m, h in runner._homes.items()}
+        runner._in_graph = {m: [SimpleNamespace(grads_outlive_forward=outlive)]
+                            for m in runner.local} if mode else {}
+        assert runner.grads_stay_put is stays
+        session.close()
+    finally:
+        end_distributed(d)
