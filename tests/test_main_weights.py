@@ -353,16 +353,18 @@ def test_a_saved_state_loads_into_the_live_tensors_and_an_fp32_runs_state_is_ref
         second.load_state_dict(fp32_state.state_dict())
 
 
-@pytest.mark.parametrize(("accumulation", "background", "bf16_moments"),
-                         [(1, False, False), (2, False, False), (1, True, False),
-                          (1, False, True)])
+@pytest.mark.parametrize(("accumulation", "background", "bf16_moments", "main"),
+                         [(1, False, False, True), (2, False, False, True),
+                          (1, True, False, True), (1, False, True, True),
+                          (1, False, True, False), (2, False, True, False)])
 def test_training_with_bf16_weights_resumes_exactly_and_an_fp32_run_refuses_its_checkpoint(
-        tmp_path, monkeypatch, accumulation, background, bf16_moments):
+        tmp_path, monkeypatch, accumulation, background, bf16_moments, main):
     """On the CPU under bf16 autocast (amp=True): the first loss is the fp32-weight run's
     (autocast computed with the same bf16 values); stopped after a checkpoint and resumed,
     the run continues the exact loss curve and weights (the checkpoint holds the fp32 main
-    weights, and with bf16 moments the step count their rounding is seeded by); a run with
-    fp32 weights refuses that checkpoint."""
+    weights, or without them (`main` False) the bf16 weights are all there is, and with bf16
+    moments or rounded weights the step count their rounding is seeded by); a run with fp32
+    weights refuses that checkpoint."""
     from mosaic.engine import main_weights
     from mosaic.engine.checkpoint import CheckpointConfig, CheckpointError
     from mosaic.engine.session import EngineConfig
@@ -375,13 +377,14 @@ def test_training_with_bf16_weights_resumes_exactly_and_an_fp32_run_refuses_its_
     common = dict(device="cpu", model="toyvlm", plan=plan, warmup_steps=0, lr=1e-2,
                   progress=False)
     bf16 = EngineConfig(amp=True, bf16_weights=True, accumulation=accumulation,
-                        bf16_moments=bf16_moments)
+                        bf16_moments=bf16_moments, fp32_main_weights=main)
     fp32 = EngineConfig(amp=True, accumulation=accumulation)
     whole = train(TrainConfig(steps=6, engine=bf16, **common), model=model)
     assert whole.steps[0]["loss"] == train(TrainConfig(steps=1, engine=fp32, **common),
                                            model=model).steps[0]["loss"]
     assert any(p.dtype == torch.bfloat16 for m in whole.modules.values() for p in m.parameters())
     assert whole.summary["bf16_moments"] is bf16_moments
+    assert whole.summary["fp32_main_weights"] is main
     # The states are views into flat buffers: saved (in the background too) as themselves.
     ckpt = CheckpointConfig(directory=str(tmp_path / "ckpt"), every_steps=3, background=background)
     train(TrainConfig(steps=3, checkpoint=ckpt, engine=bf16, **common), model=model)
@@ -397,6 +400,15 @@ def test_training_with_bf16_weights_resumes_exactly_and_an_fp32_run_refuses_its_
     with pytest.raises(CheckpointError, match="bf16_moments"):  # not cast silently
         train(TrainConfig(steps=6, checkpoint=ckpt, resume=True, engine=other_moments, **common),
               model=model)
+    other_main = replace(bf16, fp32_main_weights=not main)
+    if main:  # resumed without main weights: the copies are dropped, as asked
+        dropped = train(TrainConfig(steps=8, checkpoint=ckpt, resume=True, engine=other_main,
+                                    **common), model=model)  # from the resumed run's step 6
+        assert len(dropped.steps) == 2
+    else:
+        with pytest.raises(CheckpointError, match="--no-fp32-main-weights"):
+            train(TrainConfig(steps=6, checkpoint=ckpt, resume=True, engine=other_main,
+                              **common), model=model)
 
 
 def test_a_bf16_run_refuses_an_fp32_runs_checkpoint(tmp_path, monkeypatch):
@@ -447,7 +459,7 @@ DP_STEPS, DP_SAVE_AT = 4, 2
 
 def _data_parallel_worker(rank: int, world: int, out: str, grad_sync: str,
                           device: str = "cpu", toy: str = "toyclip", accumulation: int = 1,
-                          bf16_moments: bool = False) -> None:
+                          bf16_moments: bool = False, main: bool = True) -> None:
     """Trains `toy` replicated on both ranks with bf16 weights (4 steps), then 2 steps with a
     checkpoint and a resume to 4; writes this rank's weights and losses. On CUDA over NCCL,
     graphed and compiled."""
@@ -477,7 +489,8 @@ def _data_parallel_worker(rank: int, world: int, out: str, grad_sync: str,
     cuda = device == "cuda"
     engine = EngineConfig(amp=True, bf16_weights=True, reduce_dtype="bf16", grad_sync=grad_sync,
                           graphs=cuda, compile="default" if cuda else None,
-                          accumulation=accumulation, bf16_moments=bf16_moments)
+                          accumulation=accumulation, bf16_moments=bf16_moments,
+                          fp32_main_weights=main)
     common = dict(device=device, model=toy, engine=engine, warmup_steps=int(cuda), lr=1e-2,
                   progress=False, plan=_replicated_plan(toy, model.graph("tiny").names))
     whole = train(TrainConfig(steps=DP_STEPS, **common), model=model)
@@ -494,11 +507,12 @@ def _data_parallel_worker(rank: int, world: int, out: str, grad_sync: str,
 
 @pytest.mark.slow
 @pytest.mark.xdist_group("start_workers")  # see tests/test_engine_dist.py
-@pytest.mark.parametrize(("grad_sync", "toy", "accumulation", "bf16_moments"), [
-    ("flat", "toyclip", 1, False), ("ddp", "toyclip", 1, False), ("flat", "toyvlm", 2, False),
-    ("ddp", "toyvlm", 2, False), ("flat", "toyclip", 1, True)])
+@pytest.mark.parametrize(("grad_sync", "toy", "accumulation", "bf16_moments", "main"), [
+    ("flat", "toyclip", 1, False, True), ("ddp", "toyclip", 1, False, True),
+    ("flat", "toyvlm", 2, False, True), ("ddp", "toyvlm", 2, False, True),
+    ("flat", "toyclip", 1, True, True), ("flat", "toyclip", 1, True, False)])
 def test_data_parallel_bf16_weights_train_as_one_process_and_resume(
-        tmp_path, monkeypatch, grad_sync, toy, accumulation, bf16_moments):
+        tmp_path, monkeypatch, grad_sync, toy, accumulation, bf16_moments, main):
     """Two gloo processes, every module replicated, bf16 weights with their gradients summed
     in bf16 (with accumulation too: the micro-steps summed in fp32 before the last backward,
     which all-reduces): the replicas stay bitwise equal, the losses follow one process training the
@@ -507,13 +521,15 @@ def test_data_parallel_bf16_weights_train_as_one_process_and_resume(
     DDP wraps the modules to sum in bf16 too: it summed in fp32, so a resumed run's first
     step differed from the uninterrupted run's). With bf16 moments the replicas stay equal
     too: their stochastic rounding draws the same bits on every rank (a hash of index, value
-    and step count, not a per-process generator)."""
+    and step count, not a per-process generator), and so do weights kept without fp32 main
+    copies (`main` False: rounded stochastically too)."""
     from mosaic.engine import main_weights
     from tests.helpers import start_workers
 
     monkeypatch.setattr(main_weights, "MIN_ELEMENTS", 1)  # the one-process run's toy weights
     start_workers(_data_parallel_worker,
-                  (2, str(tmp_path), grad_sync, "cpu", toy, accumulation, bf16_moments), nprocs=2)
+                  (2, str(tmp_path), grad_sync, "cpu", toy, accumulation, bf16_moments, main),
+                  nprocs=2)
     check_data_parallel_run(tmp_path, "cpu", toy)
 
 

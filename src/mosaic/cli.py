@@ -30,6 +30,7 @@ from mosaic.graph import (
     BF16_MOMENT_BYTES,
     BF16_WEIGHT_STATE_BYTES,
     FP32_MOMENT_BYTES,
+    MAIN_WEIGHT_BYTES,
 )
 from mosaic.hardware import GPUS, GPUS_PER_NODE, MAX_GPUS
 from mosaic.perf import PERF_MODELS
@@ -296,6 +297,10 @@ def plan(
     bf16_moments: Annotated[bool, typer.Option(
         help="with --bf16-weights: predict for their AdamW moments kept in bf16 too "
         "(`mosaic train --bf16-moments`)")] = False,
+    fp32_main_weights: Annotated[bool, typer.Option(
+        "--fp32-main-weights/--no-fp32-main-weights",
+        help="with --bf16-weights: predict for fp32 main copies of them (default) or none "
+        "(`mosaic train --no-fp32-main-weights`)")] = True,
     per_weight_update: Annotated[bool, typer.Option(
         "--no-bf16-flat-grads",
         help="with --bf16-weights: predict and count memory for `mosaic train "
@@ -317,20 +322,25 @@ def plan(
     if per_weight_update and not bf16_weights:
         raise OptionError("--no-bf16-flat-grads chooses how bf16 weights are updated: add "
                           "--bf16-weights, or drop it")
+    if not fp32_main_weights and not bf16_weights:
+        raise OptionError("--no-fp32-main-weights predicts for bf16 weights without fp32 "
+                          "copies: add --bf16-weights, or drop it")
     cluster = make_cluster(gpus, str(hardware))
     graph = load_graph(model, str(preset), batch).with_precision(
         bf16_weights=bf16_weights, bf16_moments=bf16_moments,
-        bf16_flat_grads=not per_weight_update)
+        bf16_flat_grads=not per_weight_update, fp32_main_weights=fp32_main_weights)
     _check_gpus_useful(gpus, graph)
     out = check_out_dir(out or Path("runs") / f"plan-{graph.name}-{gpus}")
     def perf_for(per_weight: bool = False):
         return load_perf_model(str(perf_model), cluster, str(preset), profile_db,
                                engine=planned_engine_kind(gpus, str(compile_scope), bf16_weights,
-                                                          per_weight, bf16_moments))
+                                                          per_weight, bf16_moments,
+                                                          fp32_main_weights))
 
     perf = perf_for(per_weight=per_weight_update)
     plans = plan_all(graph, cluster, perf, _planner_names(planners))
-    flags = "--bf16-weights" + (" --bf16-moments" if bf16_moments else "")
+    flags = ("--bf16-weights" + (" --bf16-moments" if bf16_moments else "")
+             + ("" if fp32_main_weights else " --no-fp32-main-weights"))
     notes = (_update_layout_notes(plans, graph, perf, perf_for, flags)
              if bf16_weights and not per_weight_update else [])
     _emit_plans(plans, graph, perf, out, str(hardware), as_json, notes)
@@ -352,7 +362,8 @@ def _update_layout_notes(plans, graph, perf, perf_for, flags: str) -> list[str]:
 
 
 def planned_engine_kind(gpus: int, compile_scope: str = "module", bf16_weights: bool = False,
-                        per_weight_update: bool = False, bf16_moments: bool = False) -> str:
+                        per_weight_update: bool = False, bf16_moments: bool = False,
+                        fp32_main_weights: bool = True) -> str:
     """The engine kind `mosaic plan` predicts for: the GPU engine `mosaic train` runs with
     these settings (with bf16 weights, data-parallel gradients summed in bf16, which train
     requires of them; the flat update unless `per_weight_update`)."""
@@ -361,7 +372,8 @@ def planned_engine_kind(gpus: int, compile_scope: str = "module", bf16_weights: 
     return engine_kind({**GPU_ENGINE, "compile_scope": compile_scope, "bf16_weights": bf16_weights,
                         "reduce_dtype": "bf16" if bf16_weights else GPU_ENGINE["reduce_dtype"],
                         "bf16_flat_grads": not per_weight_update,
-                        "bf16_moments": bf16_moments}, gpus)
+                        "bf16_moments": bf16_moments,
+                        "fp32_main_weights": fp32_main_weights}, gpus)
 
 
 def _emit_plans(plans, graph, perf, out: Path, hardware: str, as_json: bool,
@@ -539,6 +551,11 @@ def train(
     bf16_moments: Annotated[bool, typer.Option(
         help="with --bf16-weights: keep their AdamW moments in bf16 too, stored by stochastic "
         "rounding (the update moves 20 bytes a parameter, not 28; states 12, not 16)")] = False,
+    fp32_main_weights: Annotated[bool, typer.Option(
+        "--fp32-main-weights/--no-fp32-main-weights",
+        help="with --bf16-weights: keep an fp32 main copy of each bf16 weight in the optimizer, "
+        "or none: the update writes each new weight to bf16 by stochastic rounding (8 bytes a "
+        "parameter less moved, 4 less held; docs/engine.md)")] = True,
     checkpoint_dir: Annotated[Path | None, typer.Option(help="directory for atomic checkpoints (torch.distributed.checkpoint)")] = None,
     checkpoint_every: Annotated[int, typer.Option(help="checkpoint every K steps (and at the end); 0: only at the end")] = 0,
     checkpoint_background: Annotated[bool, typer.Option(help="write checkpoints in a background thread: a step waits only for the copy to host memory; a checkpoint counts once every rank wrote it")] = False,
@@ -597,6 +614,9 @@ def train(
     if bf16_moments and not bf16_weights:
         raise OptionError("--bf16-moments keeps the bf16 weights' AdamW moments in bf16: add "
                           "--bf16-weights, or drop it")
+    if not fp32_main_weights and not bf16_weights:
+        raise OptionError("--no-fp32-main-weights drops the bf16 weights' fp32 copies: add "
+                          "--bf16-weights, or drop it")
 
     from mosaic.data import check_dataset
     from mosaic.engine.checkpoint import CheckpointConfig
@@ -615,7 +635,8 @@ def train(
                               reduce_dtype=reduce_dtype, grads_in_graph=grads_in_graph,
                               accumulation=accumulation, bf16_weights=bf16_weights,
                               bf16_flat_grads=bf16_flat_grads is not False,
-                              bf16_moments=bf16_moments, timeline=out is not None)
+                              bf16_moments=bf16_moments, fp32_main_weights=fp32_main_weights,
+                              timeline=out is not None)
         plan_obj, engine = (None, engine) if plan_file is not None else _training_plan(
             model, str(preset), batch, gpus or d.world_size, hardware, planner,
             str(perf_model), profile_db, autotune, engine, d, skip,
@@ -726,8 +747,10 @@ def _flat_update_too_large(graph) -> str | None:
     saying so; None when every module's fits."""
     host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     for spec in graph.modules:
-        written = spec.stored_bf16_params * (BF16_WEIGHT_STATE_BYTES - BF16_GRAD_BYTES + (
-            BF16_MOMENT_BYTES if spec.bf16_moments else FP32_MOMENT_BYTES))  # not the gradient
+        written = spec.stored_bf16_params * (  # not the gradient
+            BF16_WEIGHT_STATE_BYTES - BF16_GRAD_BYTES
+            - MAIN_WEIGHT_BYTES * (not spec.fp32_main_weights)
+            + (BF16_MOMENT_BYTES if spec.bf16_moments else FP32_MOMENT_BYTES))
         if written > FLAT_TUNING_HOST_SHARE * host:
             return (f"bf16 update: a weight at a time: the flat update of module {spec.name!r} "
                     f"writes {written / 2**30:.0f} GiB, which Inductor's autotuning copies to "

@@ -30,6 +30,8 @@ FP32_STATE_BYTES = 16.0
 """An fp32 parameter's weight, gradient and two AdamW moments, 4 bytes each."""
 BF16_WEIGHT_STATE_BYTES = 8.0
 """A bf16 weight 2, its fp32 main copy 4 and its bf16 gradient 2, moments apart."""
+MAIN_WEIGHT_BYTES = 4.0
+"""The fp32 main copy of a bf16 weight, which `--no-fp32-main-weights` does without."""
 BF16_GRAD_BYTES = 2.0
 """A bf16 gradient's copy in the flat update's buffer (ModuleSpec.static_bytes)."""
 FP32_MOMENT_BYTES = 8.0
@@ -77,6 +79,9 @@ class ModuleSpec:
     bf16_flat_grads: bool = True
     """...and the backward copies their gradients into one flat buffer for the one-launch
     update (2 more bytes a weight; False: updated a weight at a time, where they lie)."""
+    fp32_main_weights: bool = True
+    """...with an fp32 main copy of each in the optimizer (False: none; the update rounds the
+    new bf16 weight stochastically; needs bf16_weights)."""
 
     def __post_init__(self) -> None:
         if not self.name or not self.name.replace("_", "").replace("-", "").isalnum():
@@ -96,6 +101,9 @@ class ModuleSpec:
         if self.bf16_moments and not self.bf16_weights:
             raise GraphError(f"module {self.name!r}: bf16_moments=true keeps the bf16 weights' "
                              "moments in bf16: set bf16_weights=true too, or drop it")
+        if not self.fp32_main_weights and not self.bf16_weights:
+            raise GraphError(f"module {self.name!r}: fp32_main_weights=false drops the bf16 "
+                             "weights' fp32 copies: set bf16_weights=true too, or drop it")
 
     @property
     def kernels_per_step(self) -> int:
@@ -111,12 +119,14 @@ class ModuleSpec:
     def static_bytes(self) -> float:
         """Weights, gradients and AdamW's two moments: 4 + 4 + 4 + 4 bytes an fp32 parameter
         (the engine trains fp32 weights under bf16 autocast); a bf16 weight's are the bf16
-        weight 2, its fp32 main copy 4, its bf16 gradient 2 (and its copy in the flat update's
-        buffer, 2, unless bf16_flat_grads is off) and the moments, 8 in fp32 or 4 in bf16. The
+        weight 2, its fp32 main copy 4 (unless fp32_main_weights is off), its bf16 gradient 2
+        (and its copy in the flat update's buffer, 2, unless bf16_flat_grads is off) and the
+        moments, 8 in fp32 or 4 in bf16. The
         bf16 copy of each fp32 weight that autocast keeps for the backward is counted with the
         activations (tensor_parallel.autocast_weight_bytes)."""
         bf16 = self.stored_bf16_params
         per_bf16 = (BF16_WEIGHT_STATE_BYTES + BF16_GRAD_BYTES * self.bf16_flat_grads
+                    - MAIN_WEIGHT_BYTES * (not self.fp32_main_weights)
                     + (BF16_MOMENT_BYTES if self.bf16_moments else FP32_MOMENT_BYTES))
         return FP32_STATE_BYTES * (self.num_params - bf16) + per_bf16 * bf16
 
@@ -192,13 +202,13 @@ class MMGraph:
         return [n for n in self.names if not self.successors(n)]
 
     def with_precision(self, *, bf16_weights: bool, bf16_moments: bool = False,
-                       bf16_flat_grads: bool = True) -> MMGraph:
+                       bf16_flat_grads: bool = True, fp32_main_weights: bool = True) -> MMGraph:
         """The graph as `mosaic train` with these flags holds it: what its memory counts
-        (ModuleSpec.static_bytes) follows the weights' and moments' dtypes and the update's
-        layout."""
+        (ModuleSpec.static_bytes) follows the weights' and moments' dtypes, the main copies
+        and the update's layout."""
         return replace(self, modules=tuple(
             replace(m, bf16_weights=bf16_weights, bf16_moments=bf16_moments,
-                    bf16_flat_grads=bf16_flat_grads)
+                    bf16_flat_grads=bf16_flat_grads, fp32_main_weights=fp32_main_weights)
             for m in self.modules))
 
     def total_flops(self) -> float:
@@ -246,7 +256,7 @@ _NUMBER_FIELDS = {"num_params": int, "num_layers": int, "hidden_dim": int,
                   "tokens_per_sample": int, "flops_per_sample": float,
                   "activation_bytes_per_sample": float, "output_bytes_per_sample": float,
                   "num_kernels": int, "max_tensor_parallel": int, "bf16_weight_params": int}
-_FLAG_FIELDS = ("bf16_weights", "bf16_moments", "bf16_flat_grads")
+_FLAG_FIELDS = ("bf16_weights", "bf16_moments", "bf16_flat_grads", "fp32_main_weights")
 _REQUIRED_FIELDS = ("name", "kind", "input_shape", "num_params", "flops_per_sample",
                     "activation_bytes_per_sample", "output_bytes_per_sample")
 

@@ -7,7 +7,7 @@ A TOML file (tomllib; `.yaml` / `.yml` through pyyaml) of sections mapping onto 
     [train]   steps, lr, seed, batch, preset, data
     [plan]    planner, gpus, file, hardware, perf_model, profile_db
     [engine]  graphs, compile, compile_scope, grad_sync, reduce_dtype, grads_in_graph,
-              accumulation, bf16_weights, bf16_flat_grads, bf16_moments
+              accumulation, bf16_weights, bf16_flat_grads, bf16_moments, fp32_main_weights
     [checkpoint] dir, every, resume
     [run]     out, overwrite, metrics, tensorboard, torch_trace
 
@@ -52,6 +52,7 @@ FIELDS: dict[str, tuple[str, type]] = {
     "engine.bf16_weights": ("bf16_weights", bool),
     "engine.bf16_flat_grads": ("bf16_flat_grads", bool),
     "engine.bf16_moments": ("bf16_moments", bool),
+    "engine.fp32_main_weights": ("fp32_main_weights", bool),
     "checkpoint.dir": ("checkpoint_dir", Path), "checkpoint.every": ("checkpoint_every", int),
     "checkpoint.resume": ("resume", ResumeMode),
     "checkpoint.background": ("checkpoint_background", bool),

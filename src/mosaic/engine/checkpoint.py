@@ -467,12 +467,21 @@ def _missing_message(folder: Path, missing: list[str], saved: Mapping[str, Any])
         return (f"{folder} has no weights for {missing[0]} and {len(missing) - 1} more (modules "
                 f"{modules}; it holds modules {held}); load it into the model it was saved from")
     if any(k.endswith(".main") for k in missing):
+        if _holds_bf16_weights(saved):
+            return (f"{folder} has no fp32 main weights ({missing[0]}): it was saved by a run "
+                    "that kept none (engine fp32_main_weights off); resume with "
+                    "`mosaic train --no-fp32-main-weights` (its bf16 weights are all it holds)")
         return (f"{folder} has no fp32 main weights ({missing[0]}): it was saved with fp32 "
                 "weights; resume with the weights' precision it was saved with (engine "
                 "bf16_weights)")
     return (f"{folder} has no optimizer value {missing[0]} (and {len(missing) - 1} more): it was "
             "saved without an optimizer or with another optimizer type; use the same optimizer, "
             "or pass optimizer=None to load the weights only")
+
+
+def _holds_bf16_weights(saved: Mapping[str, Any]) -> bool:
+    return any(getattr(getattr(v, "properties", None), "dtype", None) == torch.bfloat16
+               for k, v in saved.items() if k.startswith("model."))
 
 
 # --- RNG -------------------------------------------------------------------------------------

@@ -86,6 +86,10 @@ class EngineConfig:
     rounding (engine/main_weights.py): the update moves 20 bytes a parameter instead of 28 and
     the states hold 12 instead of 16, as Megatron's precision-aware optimizer with bf16
     moments does."""
+    fp32_main_weights: bool = True
+    """With bf16_weights: an fp32 main copy of each bf16 weight in the optimizer; False: none,
+    the update writes each new weight to bf16 by stochastic rounding (engine/rounded_weights.py):
+    8 bytes a parameter less moved by the update, 4 less held."""
     update_under_forward: bool = False
     """With bf16_weights: the optimizer step runs on a side stream under the next step's
     forward, in forward order, each module and each block of a module compiled by blocks
@@ -126,6 +130,9 @@ class EngineConfig:
         if self.bf16_moments and not self.bf16_weights:
             raise SessionError("bf16_moments keeps the bf16 weights' AdamW moments in bf16: set "
                                "bf16_weights=True too (--bf16-weights), or leave it off")
+        if not self.fp32_main_weights and not self.bf16_weights:
+            raise SessionError("fp32_main_weights=False drops the bf16 weights' fp32 copies: set "
+                               "bf16_weights=True too (--bf16-weights), or leave it on")
 
     def _check_update_under_forward(self) -> None:
         if not self.bf16_weights:
@@ -141,6 +148,9 @@ class EngineConfig:
         if self.optimizer_overlap:
             raise SessionError("update_under_forward and optimizer_overlap schedule the same "
                                "update two ways: choose one")
+        if not self.fp32_main_weights:
+            raise SessionError("update_under_forward gates the update of fp32 main weights: "
+                               "leave fp32_main_weights on with it, or drop update_under_forward")
 
     @property
     def moments(self) -> str:
@@ -152,7 +162,8 @@ class EngineConfig:
         update's layout): what the memory model then counts."""
         return graph.with_precision(bf16_weights=self.bf16_weights,
                                     bf16_moments=self.bf16_moments,
-                                    bf16_flat_grads=self.bf16_flat_grads)
+                                    bf16_flat_grads=self.bf16_flat_grads,
+                                    fp32_main_weights=self.fp32_main_weights)
 
     def runner_config(self) -> RunnerConfig:
         """bf16 weights turn bf16 autocast on where amp is unset (on the CPU too): they need it,
@@ -521,6 +532,7 @@ class RankSession:
                 "bf16_weights": self.config.bf16_weights,
                 "bf16_flat_grads": self.config.bf16_flat_grads,
                 "bf16_moments": self.config.bf16_moments,
+                "fp32_main_weights": self.config.fp32_main_weights,
                 "sharded": sorted(self.runner.sharded)}  # this rank's FSDP2 modules
 
     def close(self) -> None:

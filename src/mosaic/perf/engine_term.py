@@ -161,6 +161,8 @@ PER_WEIGHT_UPDATE = "per-weight-update"
 """With bf16 weights: the update launched a weight at a time, not over a flat gradient buffer."""
 BF16_MOMENTS = "bf16-moments"
 """With bf16 weights: their AdamW moments kept in bf16 (the update moves fewer bytes)."""
+NO_MAIN_WEIGHTS = "no-main-weights"
+"""With bf16 weights: no fp32 main copies; the update rounds each new weight stochastically."""
 
 
 def engine_kind(engine: dict[str, Any] | None, gpus: int | None = None) -> str:
@@ -172,7 +174,8 @@ def engine_kind(engine: dict[str, Any] | None, gpus: int | None = None) -> str:
     (not under DDP on several GPUs, which takes them from autograd):
     each has its own host cost, so each gets its own term. 'bf16-weights' last, for an engine
     that keeps bf16 GEMM weights (it shares its fp32 twin's term: term_engine), then how it
-    updates them where not the default ('per-weight-update', 'bf16-moments')."""
+    updates them where not the default ('per-weight-update', 'bf16-moments',
+    'no-main-weights')."""
     if not engine:
         return "eager"
     parts = (["graphs"] if engine.get("graphs") else []) + (
@@ -195,6 +198,8 @@ def engine_kind(engine: dict[str, Any] | None, gpus: int | None = None) -> str:
             parts.append(PER_WEIGHT_UPDATE)
         if engine.get("bf16_moments"):
             parts.append(BF16_MOMENTS)
+        if not engine.get("fp32_main_weights", True):
+            parts.append(NO_MAIN_WEIGHTS)
     return "+".join(parts) or "eager"
 
 
@@ -455,7 +460,8 @@ def term_engine(engine: str) -> str:
     save or add is in the composed time: perf/profiled.py)."""
     return "+".join("compile-default" if part.removeprefix("compile-") in TUNED_MODES else part
                     for part in engine.split("+")
-                    if part not in (BF16_WEIGHTS, PER_WEIGHT_UPDATE, BF16_MOMENTS))
+                    if part not in (BF16_WEIGHTS, PER_WEIGHT_UPDATE, BF16_MOMENTS,
+                                    NO_MAIN_WEIGHTS))
 
 
 def bf16_weights(engine: str | None) -> bool:
@@ -471,3 +477,8 @@ def per_weight_update(engine: str | None) -> bool:
 def bf16_moments(engine: str | None) -> bool:
     """Whether an engine kind keeps its bf16 weights' AdamW moments in bf16."""
     return BF16_MOMENTS in (engine or "").split("+")
+
+
+def no_main_weights(engine: str | None) -> bool:
+    """Whether an engine kind keeps its bf16 weights without fp32 main copies."""
+    return NO_MAIN_WEIGHTS in (engine or "").split("+")

@@ -43,6 +43,7 @@ from mosaic.perf.engine_term import (
     bf16_moments,
     bf16_weights,
     kernels_of_engine,
+    no_main_weights,
     per_weight_update,
     plan_features,
     sequential_plan,
@@ -72,7 +73,12 @@ from mosaic.profile.db import (
     module_signature,
     stand_in_kernels,
 )
-from mosaic.profile.main_weights import UpdatePoint, stored_updates, update_code_digest
+from mosaic.profile.main_weights import (
+    UpdatePoint,
+    rounded_code_digest,
+    stored_updates,
+    update_code_digest,
+)
 from mosaic.profile.optimizer import OptimizerFit
 from mosaic.profile.optimizer import stored_fit as stored_optimizer_fit
 
@@ -658,6 +664,10 @@ write 4 + 2; main_weights.MicroStepGradients)."""
 BF16_MOMENTS_SAVED_BYTES = 8.0
 """The update with bf16 moments reads and writes each of the two in 2 bytes, not 4: what a
 module without a measured bf16-moment update is priced to save, at the optimizer's bandwidth."""
+MAIN_WEIGHT_SAVED_BYTES = 8.0
+"""The update without main weights neither reads nor writes a 4-byte fp32 copy (it reads the
+2-byte bf16 weight it already wrote): what a module without a measured such update is priced
+to save."""
 
 
 class ProfiledModel(PerfModel):
@@ -763,7 +773,8 @@ class ProfiledModel(PerfModel):
         placed = dict.fromkeys(p.module for stage in plan.stages for p in stage.placements)
         fix = (f"(measure it: mosaic profile {graph.name} --preset {graph.preset} --update "
                "--main-weights-only)")
-        notes, code = [], update_code_digest()  # read once: it hashes a file
+        notes, code, rounded = [], update_code_digest(), rounded_code_digest()  # hash once
+        no_main = no_main_weights(self.engine)
         for m in placed:
             point = self.update_of(graph.module(m))
             if point is None:
@@ -772,6 +783,9 @@ class ProfiledModel(PerfModel):
             elif point.code and point.code != code:
                 notes.append(f"{m}: bf16 update measured with other update code "
                              f"(engine/main_weights.py has changed since) {fix}")
+            elif no_main and point.rounded_code and point.rounded_code != rounded:
+                notes.append(f"{m}: bf16 update without main weights measured with other "
+                             f"update code (engine/rounded_weights.py has changed since) {fix}")
         return notes
 
     def _stale_notes(self, plan: Plan, graph: MMGraph) -> list[str]:
@@ -830,6 +844,8 @@ class ProfiledModel(PerfModel):
         composed -= self.memory_pass_s(self._most_params(plan, graph), saved)
         if bf16_moments(self.engine):
             composed -= self.bf16_moments_saving_s(plan, graph)
+        if no_main_weights(self.engine):
+            composed -= self.no_main_saving_s(plan, graph)
         return composed
 
     def bf16_moments_saving_s(self, plan: Plan, graph: MMGraph) -> float:
@@ -847,15 +863,30 @@ class ProfiledModel(PerfModel):
                               self.memory_pass_s(spec.num_params, BF16_MOMENTS_SAVED_BYTES))
         return saving
 
+    def no_main_saving_s(self, plan: Plan, graph: MMGraph) -> float:
+        """What dropping the fp32 main weights saves the flat update on the GPU holding the most
+        parameters: each module's measured flat update with bf16 moments less without main
+        weights (profile/main_weights.py); with fp32 moments, or a module not measured so,
+        MAIN_WEIGHT_SAVED_BYTES a bf16 parameter at the optimizer's bandwidth."""
+        saving, moments = 0.0, bf16_moments(self.engine)
+        for module, part in busiest_gpu_parts(plan, graph):
+            spec = graph.module(module)
+            point = self.update_of(spec)
+            measured = point.no_main_saving_s if point is not None and moments else None
+            saving += part * (measured if measured is not None else self.memory_pass_s(
+                spec.bf16_weight_params or spec.num_params, MAIN_WEIGHT_SAVED_BYTES))
+        return saving
+
     def per_weight_extra_s(self, plan: Plan, graph: MMGraph) -> float:
         """What updating bf16 weights a weight at a time adds over the flat layout on the GPU
         holding the most parameters: each module's measured difference (profile/main_weights.py;
         with bf16 moments where the engine keeps them and they were measured; 0 for a module
         not measured, which coverage_notes names)."""
-        extra, moments = 0.0, bf16_moments(self.engine)
+        extra, moments, no_main = 0.0, bf16_moments(self.engine), no_main_weights(self.engine)
         for module, part in busiest_gpu_parts(plan, graph):
             point = self.update_of(graph.module(module))
-            extra += point.per_weight_extra_with(moments) * part if point is not None else 0.0
+            extra += (point.per_weight_extra_with(moments, no_main) * part
+                      if point is not None else 0.0)
         return extra
 
     def update_of(self, spec: ModuleSpec) -> UpdatePoint | None:

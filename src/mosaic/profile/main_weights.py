@@ -53,6 +53,13 @@ class UpdatePoint:
     flat_update_bf16_moments_s: float | None = None
     """The two layouts' update with the moments in bf16 (`--bf16-moments`); None where not
     measured (entries from before it)."""
+    per_weight_no_main_s: float | None = None
+    flat_update_no_main_s: float | None = None
+    """The two layouts' update with bf16 moments and no fp32 main weights
+    (`--bf16-moments --no-fp32-main-weights`: engine/rounded_weights.py); None where not
+    measured."""
+    rounded_code: str = ""
+    """Digest of engine/rounded_weights.py when those two were measured (rounded_code_digest)."""
 
     @property
     def bf16_moments_saving_s(self) -> float | None:
@@ -64,14 +71,26 @@ class UpdatePoint:
         return None if moments is None else self.flat_update_s - moments
 
     @property
+    def no_main_saving_s(self) -> float | None:
+        """What dropping the fp32 main weights saves the flat update with bf16 moments; None
+        unmeasured (0 for a module without bf16 weights)."""
+        if not self.bf16_weights:
+            return 0.0
+        with_main, without = self.flat_update_bf16_moments_s, self.flat_update_no_main_s
+        return None if with_main is None or without is None else with_main - without
+
+    @property
     def per_weight_extra_s(self) -> float:
         """What updating a weight at a time adds to a step over the flat layout (negative: it
         saves), the flat layout paying for its gradient copy too."""
         return self.per_weight_s - self.flat_update_s - self.gradient_copy_s
 
-    def per_weight_extra_with(self, bf16_moments: bool) -> float:
-        """per_weight_extra_s with the moments in bf16 where asked and measured so (else the
-        fp32 moments' difference)."""
+    def per_weight_extra_with(self, bf16_moments: bool, no_main: bool = False) -> float:
+        """per_weight_extra_s with the moments in bf16 (and without main weights) where asked
+        and measured so (else the difference with main weights, else with fp32 moments)."""
+        if no_main and bf16_moments and None not in (self.per_weight_no_main_s,
+                                                     self.flat_update_no_main_s):
+            return self.per_weight_no_main_s - self.flat_update_no_main_s - self.gradient_copy_s
         pw, flat = self.per_weight_bf16_moments_s, self.flat_update_bf16_moments_s
         if not bf16_moments or pw is None or flat is None:
             return self.per_weight_extra_s
@@ -83,9 +102,17 @@ UPDATE_CODE = Path(__file__).parents[1] / "engine" / "main_weights.py"
 fp32 parameters' AdamW with it made Qwen3-VL's per-weight LLM update 5.09 -> 3.31 ms)."""
 
 
-def update_code_digest() -> str:
+ROUNDED_CODE = UPDATE_CODE.with_name("rounded_weights.py")
+"""The update without main weights, which builds on UPDATE_CODE's."""
+
+
+def update_code_digest(path: Path = UPDATE_CODE) -> str:
     """A digest of the update's source file, read as text (no torch import)."""
-    return hashlib.sha1(UPDATE_CODE.read_bytes()).hexdigest()[:12]
+    return hashlib.sha1(path.read_bytes()).hexdigest()[:12]
+
+
+def rounded_code_digest() -> str:
+    return update_code_digest(ROUNDED_CODE)
 
 
 def timed_s(fn: Callable[[], Any], device: Any, warm: int = WARM, timed: int = TIMED) -> float:
@@ -126,14 +153,17 @@ def captured(fn: Callable[[], Any], device: Any) -> Callable[[], Any]:
 
 
 def update_s(params: list[Any], grads: list[Any], dynamic: bool = True,
-             moments: str = "fp32") -> float:
+             moments: str = "fp32", fp32_main_weights: bool = True) -> float:
     """Seconds of MainWeightsAdamW's step over `params` with gradients `grads` (it captures
-    its own step on a GPU once the gradients stay put), its moments in `moments`."""
+    its own step on a GPU once the gradients stay put), its moments in `moments`; without
+    main weights, RoundedWeightsAdamW's (kernels of one length each: `dynamic` is moot)."""
     from mosaic.engine.main_weights import MainWeightsAdamW
+    from mosaic.engine.rounded_weights import RoundedWeightsAdamW
 
     for p, g in zip(params, grads, strict=True):
         p.grad = g
-    optimizer = MainWeightsAdamW(params, 1e-5, dynamic=dynamic, moments=moments)
+    optimizer = (MainWeightsAdamW(params, 1e-5, dynamic=dynamic, moments=moments)
+                 if fp32_main_weights else RoundedWeightsAdamW(params, 1e-5, moments=moments))
     seconds = timed_s(optimizer.step, params[0].device)
     if params[0].device.type == "cuda" and not optimizer.graphs:
         raise RuntimeError(f"the update was never captured: {optimizer.capture_failed}")
@@ -177,12 +207,16 @@ def measure_module(module: Any) -> dict[str, float] | None:
     copy = timed_s(captured(lambda: torch._foreach_copy_(views, fresh), device), device)
     per_weight_moments = update_s(params, fresh, moments="bf16")
     flat_moments = update_s(params, views, moments="bf16")
+    per_weight_no_main = update_s(params, fresh, moments="bf16", fp32_main_weights=False)
+    flat_no_main = update_s(params, views, moments="bf16", fp32_main_weights=False)
     for p in params:
         p.grad = None
     return {"bf16_weights": len(params), "bf16_parameters": sum(p.numel() for p in params),
             "per_weight_s": per_weight, "flat_update_s": flat, "gradient_copy_s": copy,
             "per_weight_bf16_moments_s": per_weight_moments,
-            "flat_update_bf16_moments_s": flat_moments}
+            "flat_update_bf16_moments_s": flat_moments,
+            "per_weight_no_main_s": per_weight_no_main, "flat_update_no_main_s": flat_no_main,
+            "rounded_code": rounded_code_digest()}
 
 
 def cast_zoo_modules(name: str, preset: str, device: Any) -> tuple[Any, dict[str, Any]]:
@@ -242,8 +276,12 @@ def measure_model(name: str, preset: str, device: Any,
 def _moments_note(point: UpdatePoint) -> str:
     if point.per_weight_bf16_moments_s is None or point.flat_update_bf16_moments_s is None:
         return ""
-    return (f"; bf16 moments {point.per_weight_bf16_moments_s * 1e3:.3f} a weight at a time, "
+    note = (f"; bf16 moments {point.per_weight_bf16_moments_s * 1e3:.3f} a weight at a time, "
             f"{point.flat_update_bf16_moments_s * 1e3:.3f} flat")
+    if point.per_weight_no_main_s is None or point.flat_update_no_main_s is None:
+        return note
+    return (f"{note}; without main weights {point.per_weight_no_main_s * 1e3:.3f} a weight at "
+            f"a time, {point.flat_update_no_main_s * 1e3:.3f} flat")
 
 
 NO_BF16_WEIGHTS = {"bf16_weights": 0, "bf16_parameters": 0, "per_weight_s": 0.0,
