@@ -1,8 +1,10 @@
 """Does keeping AdamW's moments in bf16 change what a model learns? CPU, real data.
 
 The tiny CLIP trained on scikit-learn's handwritten digits (`--data digits`, zero-shot accuracy
-on the held-out split) with fp32 weights, with bf16 weights and fp32 moments, and with bf16
-weights and bf16 moments (`--bf16-moments`: stochastic rounding), a few seeds each. The tiny
+on the held-out split) with fp32 weights, with bf16 weights and fp32 moments, with bf16
+weights and bf16 moments (`--bf16-moments`: stochastic rounding), and with those and no fp32
+main weights (`--no-fp32-main-weights`: the weights rounded stochastically too), a few seeds
+each (`--settings` picks some by name, comma-separated). The tiny
 model's weights are below `main_weights.MIN_ELEMENTS`, which keeps small weights fp32, so the
 bf16 runs lower it to 1: every GEMM weight is bf16, as a `paper` model's are.
 
@@ -28,7 +30,9 @@ from mosaic.engine.trainer import TrainConfig, train
 from mosaic.zoo import get_model
 
 SETTINGS = {"fp32 weights": {}, "bf16 weights": {"bf16_weights": True},
-            "bf16 weights and moments": {"bf16_weights": True, "bf16_moments": True}}
+            "bf16 weights and moments": {"bf16_weights": True, "bf16_moments": True},
+            "bf16 weights and moments without main weights": {
+                "bf16_weights": True, "bf16_moments": True, "fp32_main_weights": False}}
 TAIL = 20
 """Steps the final loss is averaged over."""
 
@@ -54,10 +58,14 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=240)
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--settings", default=",".join(SETTINGS))
     args = parser.parse_args()
+    names = [name.strip() for name in args.settings.split(",") if name.strip()]
+    if unknown := sorted(set(names) - set(SETTINGS)):
+        parser.error(f"--settings {unknown}: use some of {list(SETTINGS)}")
     torch.set_num_threads(max(1, torch.get_num_threads()))
-    runs = {name: [run(setting, seed, args.steps, args.batch, args.lr)
-                   for seed in range(args.seeds)] for name, setting in SETTINGS.items()}
+    runs = {name: [run(SETTINGS[name], seed, args.steps, args.batch, args.lr)
+                   for seed in range(args.seeds)] for name in names}
     args.out.mkdir(parents=True, exist_ok=True)
     record = {"date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
               "hardware": f"CPU ({platform.machine()}, {torch.get_num_threads()} threads)",

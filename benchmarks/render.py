@@ -1132,8 +1132,8 @@ def main_weights_layout(results: Path, arg: str | None) -> str:
 def main_weights_profile(results: Path, arg: str | None) -> str:
     """The bf16 updates `mosaic profile --main-weights-only` stored in the ProfileDB at
     results/ARG: per module, a weight at a time against the flat update plus its gradient
-    copy, what a per-weight plan adds (the model's term), and both layouts with bf16 moments
-    where measured ("–": measured before they existed)."""
+    copy, what a per-weight plan adds (the model's term), and both layouts with bf16 moments,
+    and with them and no main weights, where measured ("–": measured before they existed)."""
     from mosaic.profile.db import ProfileDB
     from mosaic.profile.main_weights import stored_updates
 
@@ -1145,12 +1145,14 @@ def main_weights_profile(results: Path, arg: str | None) -> str:
              f"{p.per_weight_s * 1e3:.3f}", f"{p.flat_update_s * 1e3:.3f}",
              f"{p.gradient_copy_s * 1e3:.3f}", f"{p.per_weight_extra_s * 1e3:+.3f}",
              *("–" if s is None else f"{s * 1e3:.3f}"
-               for s in (p.per_weight_bf16_moments_s, p.flat_update_bf16_moments_s))]
+               for s in (p.per_weight_bf16_moments_s, p.flat_update_bf16_moments_s,
+                         p.per_weight_no_main_s, p.flat_update_no_main_s))]
             for p in points if p.bf16_weights]
     return table(["model", "preset", "module", "bf16 weights", "parameters",
                   "a weight at a time, ms", "flat, one launch, ms", "gradient copy, ms",
                   "a weight at a time adds, ms", "bf16 moments: a weight at a time, ms",
-                  "bf16 moments: flat, ms"], rows)
+                  "bf16 moments: flat, ms", "bf16 moments, no main weights: a weight at a "
+                  "time, ms", "bf16 moments, no main weights: flat, ms"], rows)
 
 
 @renderer("moments-digits")

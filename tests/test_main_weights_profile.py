@@ -37,10 +37,27 @@ def test_a_module_is_measured_in_both_layouts_over_its_bf16_weights():
     row = measure_module(module)
     assert row is not None and row["bf16_weights"] == 2 and row["bf16_parameters"] == 2 << 16
     assert all(row[k] > 0 for k in ("per_weight_s", "flat_update_s", "gradient_copy_s",
-                                    "per_weight_bf16_moments_s", "flat_update_bf16_moments_s"))
+                                    "per_weight_bf16_moments_s", "flat_update_bf16_moments_s",
+                                    "per_weight_no_main_s", "flat_update_no_main_s"))
     assert all(p.grad is None for p in module.parameters())  # no gradients left behind
     assert any(not torch.equal(a, b) for a, b in zip(before, module.parameters(), strict=True))
     assert measure_module(nn.Sequential(nn.LayerNorm(8))) is None  # no bf16 weights
+
+
+def test_measuring_without_main_weights_leaves_the_kernel_budget_as_it_was(monkeypatch):
+    """The update without main weights records its lengths in the process's kernel budget as
+    MainWeightsAdamW's do; the profiler strikes them, or the modules measured after would be
+    timed with the kernel for every length (OFASys's LLM was, 2.5x its time)."""
+    from mosaic.engine import main_weights
+    from mosaic.profile.main_weights import update_s
+
+    monkeypatch.setattr(main_weights, "_STATIC_LENGTHS", set())
+    weight = nn.Parameter(torch.zeros(64, 64, dtype=torch.bfloat16))
+    update_s([weight], [torch.ones_like(weight)], moments="bf16")
+    kept = set(main_weights._STATIC_LENGTHS)
+    assert kept
+    update_s([weight], [torch.ones_like(weight)], moments="bf16", fp32_main_weights=False)
+    assert kept == main_weights._STATIC_LENGTHS
 
 
 def test_stored_updates_come_back_and_a_module_measured_again_replaces_its_entry(tmp_path):

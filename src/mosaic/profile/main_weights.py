@@ -156,7 +156,12 @@ def update_s(params: list[Any], grads: list[Any], dynamic: bool = True,
              moments: str = "fp32", fp32_main_weights: bool = True) -> float:
     """Seconds of MainWeightsAdamW's step over `params` with gradients `grads` (it captures
     its own step on a GPU once the gradients stay put), its moments in `moments`; without
-    main weights, RoundedWeightsAdamW's (kernels of one length each: `dynamic` is moot)."""
+    main weights, RoundedWeightsAdamW's (kernels of one length each: `dynamic` is moot),
+    whose lengths are then struck from the process's kernel budget
+    (main_weights.MAX_STATIC_KERNELS): counted, they used it up before OFASys's LLM, the last
+    module measured, whose update with main weights then ran the kernel for every length
+    (2.5x its time on the H200, 2026-12-04)."""
+    from mosaic.engine import main_weights
     from mosaic.engine.main_weights import MainWeightsAdamW
     from mosaic.engine.rounded_weights import RoundedWeightsAdamW
 
@@ -164,7 +169,10 @@ def update_s(params: list[Any], grads: list[Any], dynamic: bool = True,
         p.grad = g
     optimizer = (MainWeightsAdamW(params, 1e-5, dynamic=dynamic, moments=moments)
                  if fp32_main_weights else RoundedWeightsAdamW(params, 1e-5, moments=moments))
+    budget = set(main_weights._STATIC_LENGTHS)
     seconds = timed_s(optimizer.step, params[0].device)
+    if not fp32_main_weights:  # a training process keeps main weights or not, never both
+        main_weights._STATIC_LENGTHS.intersection_update(budget)
     if params[0].device.type == "cuda" and not optimizer.graphs:
         raise RuntimeError(f"the update was never captured: {optimizer.capture_failed}")
     return seconds
