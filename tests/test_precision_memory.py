@@ -82,6 +82,27 @@ def test_qwen3_vl_paper_plans_on_one_h200_only_with_bf16_weights_and_moments():
              cluster, perf, ["megatron"])
 
 
+def test_past_bf16_weights_and_moments_the_error_names_no_fp32_main_weights():
+    """Qwen3-VL `paper` at batch 16 exceeds one H200 with bf16 weights and moments updated a
+    weight at a time; without fp32 main copies (4 bytes a bf16 weight less) it fits, and the
+    plan error says so. From fp32 weights the first error names bf16 weights and moments: the
+    module check sees the LLM alone, which fits so; the plan check then names the rest."""
+    cluster = make_cluster(1, "h200")
+    perf = AnalyticModel(cluster)
+    graph = get_model("qwen3-vl").graph("paper", global_batch=16)
+    lean = graph.with_precision(bf16_weights=True, bf16_moments=True, bf16_flat_grads=False)
+    with pytest.raises(PlanError, match=r"train with --no-fp32-main-weights \(saves 29.9 GiB"):
+        plan_all(lean, cluster, perf, ["megatron"])
+    with pytest.raises(PlanError, match="train with --bf16-weights --bf16-moments "
+                                        "--no-bf16-flat-grads .bf16 GEMM weights and moments, "
+                                        "fp32 main weights"):
+        plan_all(graph, cluster, perf, ["megatron"])
+    leanest = graph.with_precision(bf16_weights=True, bf16_moments=True, bf16_flat_grads=False,
+                                   fp32_main_weights=False)
+    (plan,) = plan_all(leanest, cluster, perf, ["megatron"])
+    assert plan.num_gpus == 1
+
+
 def test_bf16_weights_are_neither_tensor_parallel_nor_sharded_in_plans():
     """The engine refuses both for bf16 weights, so the planners must not offer them."""
     spec = get_model("qwen3-vl").graph("paper").module("llm")

@@ -423,15 +423,18 @@ def memory_fix(plan: Plan, graph: MMGraph, gpu: int, excess: float) -> str:
 
 
 def _bf16_fix(plan: Plan, graph: MMGraph, gpu: int, excess: float) -> str:
-    """'train with FLAGS (saves N GiB on GPU g), ' when bf16 weights and moments would free
-    `excess` there (the engine keeps bf16 weights only whole: no shard, no TP), else ''."""
+    """'train with FLAGS (saves N GiB on GPU g), ' when bf16 weights and moments (and, where
+    they are not enough, no fp32 main weights) would free `excess` there (the engine keeps bf16
+    weights only whole: no shard, no TP), else ''."""
     placed = [p for s in plan.stages for p in s.placements if gpu in p.gpus]
     if any(p.shard or p.tensor_parallel > 1 for p in placed):
         return ""
-    savings = [bf16_precision_saving(graph.module(p.module)) for p in placed]
-    saved = sum(amount for amount, _ in savings)
-    # One precision for the whole graph: the modules that would save name the same flags.
-    flags = next((f for _, f in savings if f), "")
-    if not flags or saved < excess:
-        return ""
-    return f"train with {flags} (saves {saved / 2**30:.1f} GiB on GPU {gpu}), "
+    for main_weights in (True, False):  # the fp32 main copies are the last to go
+        savings = [bf16_precision_saving(graph.module(p.module), main_weights=main_weights)
+                   for p in placed]
+        saved = sum(amount for amount, _ in savings)
+        # One precision for the whole graph: the modules that would save name the same flags.
+        flags = next((f for _, f in savings if f), "")
+        if flags and saved >= excess:
+            return f"train with {flags} (saves {saved / 2**30:.1f} GiB on GPU {gpu}), "
+    return ""

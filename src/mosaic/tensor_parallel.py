@@ -52,15 +52,19 @@ def bytes_per_gpu(spec: ModuleSpec, per_gpu_batch: int, tensor_parallel: int = 1
             + spec.activation_bytes_per_sample * per_gpu_batch * activation_fraction(t))
 
 
-def bf16_precision_saving(spec: ModuleSpec) -> tuple[float, str]:
+def bf16_precision_saving(spec: ModuleSpec, *, main_weights: bool = True) -> tuple[float, str]:
     """Bytes a GPU holding `spec` whole would save if `mosaic train` kept its GEMM weights and
-    their moments in bf16, updated a weight at a time, and the flags that ask for it (0 and
-    "" when it already does, or its graph does not count its bf16 weights)."""
-    lean = replace(spec, bf16_weights=True, bf16_moments=True, bf16_flat_grads=False)
+    their moments in bf16, updated a weight at a time (without fp32 main copies unless
+    `main_weights`), and the flags that ask for it (0 and "" when it already does, or its graph
+    does not count its bf16 weights)."""
+    lean = replace(spec, bf16_weights=True, bf16_moments=True, bf16_flat_grads=False,
+                   fp32_main_weights=spec.fp32_main_weights and main_weights)
     saved = bytes_per_gpu(spec, 0) - bytes_per_gpu(lean, 0)
     flags = [flag for flag, have in (("--bf16-weights", spec.bf16_weights),
                                      ("--bf16-moments", spec.bf16_moments),
-                                     ("--no-bf16-flat-grads", not spec.bf16_flat_grads))
+                                     ("--no-bf16-flat-grads", not spec.bf16_flat_grads),
+                                     ("--no-fp32-main-weights",
+                                      main_weights or not spec.fp32_main_weights))
              if not have]
     return (saved, " ".join(flags)) if saved > 0 else (0.0, "")
 

@@ -339,10 +339,7 @@ def check_modules_fit(space: SearchSpace) -> None:
             elif t == 1 and need - sharding.saved_bytes(spec, size) <= space.budget_bytes:
                 fix = (f"shard the states of module {name!r} over {size} GPUs (the mosaic and "
                        f"baseline planners do when nothing fits otherwise), or {fix}")
-            saved, flags = tp.bf16_precision_saving(spec)
-            if t == 1 and flags and need - saved <= space.budget_bytes:
-                fix = (f"train with {flags} (bf16 GEMM weights and moments, fp32 main weights: "
-                       f"{saved / gib:.1f} GiB less), or {fix}")
+            fix = _bf16_fix(spec, need, space.budget_bytes, fix) if t == 1 else fix
             raise PlanError(
                 f"module {name!r} needs {need / gib:.1f} GiB per GPU even at DP {size // t}{tp_note} "
                 f"({static / gib:.1f} GiB weights + optimizer state, "
@@ -352,3 +349,15 @@ def check_modules_fit(space: SearchSpace) -> None:
             )
 
 
+
+
+def _bf16_fix(spec: ModuleSpec, need: float, budget: float, fix: str) -> str:
+    """`fix`, preceded by the `mosaic train` precision flags that would make the module fit
+    whole (bf16 GEMM weights and moments, then no fp32 main weights too), where some do."""
+    for main_weights in (True, False):
+        saved, flags = tp.bf16_precision_saving(spec, main_weights=main_weights)
+        if flags and need - saved <= budget:
+            mains = "fp32 main weights" if main_weights else "no fp32 main weights"
+            return (f"train with {flags} (bf16 GEMM weights and moments, {mains}: "
+                    f"{saved / 2**30:.1f} GiB less), or {fix}")
+    return fix
