@@ -356,6 +356,11 @@ def test_train_reports_its_compile_time_and_eager_modules(capsys):
                  DataName.synthetic)  # autotune may choose the layout: the line says which
     assert "plan=megatron (bf16 weights, updated a weight at a time) gpus=1" in (
         capsys.readouterr().out)
+    _say_trained(SimpleNamespace(summary={**summary, "bf16_weights": True, "bf16_moments": True,
+                                          "fp32_main_weights": False}, plan=plan),
+                 DataName.synthetic)
+    assert "plan=megatron (bf16 weights, bf16 moments, no fp32 main weights) gpus=1" in (
+        capsys.readouterr().out)
     _say_trained(SimpleNamespace(summary={**summary, "compile": {"compiled": {}}}, plan=plan),
                  DataName.synthetic)
     assert "compile:" not in capsys.readouterr().out

@@ -845,7 +845,9 @@ def _weights(summary: dict) -> str:
         return ""
     how = ["bf16 weights"] + ([] if summary.get("bf16_flat_grads", True)
                               else ["updated a weight at a time"])
-    return f" ({', '.join(how + (['bf16 moments'] if summary.get('bf16_moments') else []))})"
+    how += ["bf16 moments"] if summary.get("bf16_moments") else []
+    how += [] if summary.get("fp32_main_weights", True) else ["no fp32 main weights"]
+    return f" ({', '.join(how)})"
 
 
 def _compile_line(report: dict) -> str | None:
