@@ -554,7 +554,7 @@ def train(
     fp32_main_weights: Annotated[bool, typer.Option(
         "--fp32-main-weights/--no-fp32-main-weights",
         help="with --bf16-weights: keep an fp32 main copy of each bf16 weight in the optimizer, "
-        "or none: the update writes each new weight to bf16 by stochastic rounding (8 bytes a "
+        "or none: the update writes each new weight to bf16 by stochastic rounding (6 bytes a "
         "parameter less moved, 4 less held; docs/engine.md)")] = True,
     checkpoint_dir: Annotated[Path | None, typer.Option(help="directory for atomic checkpoints (torch.distributed.checkpoint)")] = None,
     checkpoint_every: Annotated[int, typer.Option(help="checkpoint every K steps (and at the end); 0: only at the end")] = 0,

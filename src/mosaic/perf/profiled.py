@@ -664,10 +664,10 @@ write 4 + 2; main_weights.MicroStepGradients)."""
 BF16_MOMENTS_SAVED_BYTES = 8.0
 """The update with bf16 moments reads and writes each of the two in 2 bytes, not 4: what a
 module without a measured bf16-moment update is priced to save, at the optimizer's bandwidth."""
-MAIN_WEIGHT_SAVED_BYTES = 8.0
-"""The update without main weights neither reads nor writes a 4-byte fp32 copy (it reads the
-2-byte bf16 weight it already wrote): what a module without a measured such update is priced
-to save."""
+MAIN_WEIGHT_SAVED_BYTES = 6.0
+"""The update without main weights neither reads nor writes a 4-byte fp32 copy but reads the
+2-byte bf16 weight it writes (10 bytes a parameter become 4): what a module without a measured
+such update is priced to save."""
 
 
 class ProfiledModel(PerfModel):
