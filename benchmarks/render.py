@@ -14,7 +14,7 @@ scaling-sim[:DIR], variants:DIR, targets-1gpu, profile-recipe[:DB],
 step-fit:FILE,FILE[,...], kernel-time:FILE[,...], train-in-flight:DIR, train-summaries:DIR,
 guard-host-cost:FILE, autotune-choices:FILE, gate-misses[:DIR], main-weights-profile:DB,
 checkpoint-background:DIR, busy-fractions:FILE, memory-peaks:DIR[,DIR...],
-moments-digits:FILE.
+moments-digits:FILE, update-bits:FILE[,...].
 """
 
 from __future__ import annotations
@@ -1172,6 +1172,23 @@ def moments_digits(results: Path, arg: str | None) -> str:
             for name, seeds in run["runs"].items()]
     return table(["setting", "seeds", f"loss, mean of the last {run['tail_steps']} steps "
                   "(min-max)", "zero-shot accuracy, % (min-max)"], rows)
+
+
+@renderer("update-bits")
+def update_bits(results: Path, arg: str | None) -> str:
+    """benchmarks/rounded_update_bits.py's JSON files (comma-separated, under results/): per
+    run and update, GPU time and bytes moved over it."""
+    paths = [results / name for name in (arg or "").split(",") if name]
+    if not paths or not all(p.is_file() for p in paths):
+        raise RenderError("update-bits needs rounded_update_bits.py's JSON files under results/")
+    rows = []
+    for path in paths:
+        run = load(path)
+        rows += [[str(path.relative_to(results)), f"2^{run['numel'].bit_length() - 1}", name,
+                  f"{row['gpu_ms']:.3f}", str(row["bytes_per_param"]), f"{row['tb_per_s']:.2f}"]
+                 for name, row in run["rows"].items()]
+    return table(["file", "parameters", "update", "GPU time, ms", "bytes a parameter",
+                  "TB/s"], rows)
 
 
 # --- checkpoint saves written before the next step or in the background ------------------------

@@ -254,6 +254,16 @@ def test_moments_digits_gives_each_settings_mean_and_spread_over_seeds(tmp_path)
     assert lines[2] == "| fp32 weights | 2 | 1.5000 (1.0000-2.0000) | 60.0 (50.0-70.0) |"
 
 
+def test_update_bits_lists_each_runs_updates_with_their_bandwidth(tmp_path):
+    rows = {"with main weights": {"gpu_ms": 1.4, "bytes_per_param": 20, "tb_per_s": 3.83}}
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "b.json").write_text(json.dumps({"numel": 1 << 28, "rows": rows}))
+    lines = render.update_bits(tmp_path, "a/b.json").splitlines()
+    assert lines[2] == "| a/b.json | 2^28 | with main weights | 1.400 | 20 | 3.83 |"
+    with pytest.raises(render.RenderError, match="update-bits needs"):
+        render.update_bits(tmp_path, "a/missing.json")
+
+
 def test_memory_peaks_sets_the_memory_model_beside_the_trained_peaks(tmp_path):
     """One row per model, preset, batch and weights of the one-GPU GPU runs: the highest
     peak; CPU runs, runs on several GPUs and accumulated runs are left out."""

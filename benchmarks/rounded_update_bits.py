@@ -1,0 +1,140 @@
+"""Where do the rounding bits of the update without main weights come from, and what do they cost?
+
+`mosaic bench --torch-trace` found the update without fp32 main weights (bf16 weights and
+moments, engine/rounded_weights.py) streaming 3.1 TB/s where the update with main weights
+streams 3.8: 16.5 ms a Unified-IO 2 `paper` b4 step where its 14 bytes a parameter would take
+13.4 at 3.8 TB/s. It draws two hashes an element (the moments' 32 bits, then the weight's 16
+with another seed). This times one flat update of N parameters (one Inductor kernel each):
+  - with main weights, bf16 moments (20 bytes a parameter);
+  - without, as engine/rounded_weights.py does it now: the weight's bits remixed from the
+    moments' draw by one multiply (14 bytes);
+  - without, the weight's bits a second MurmurHash with its own seed (as first shipped);
+  - without, the weight rounded to nearest (no bits: the floor, not a training option);
+  - a plain copy of 12 bytes a parameter (what the memory system gives);
+each as bytes moved over GPU time (CUDA events, median of 10 after 3 warm-up calls).
+
+    PYTHONPATH=src python benchmarks/rounded_update_bits.py --numel 268435456 --out X.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import statistics
+
+import torch
+
+from mosaic.engine.main_weights import _adamw_update, _update_fn, hashed_bits, stochastic_bf16
+from mosaic.engine.rounded_weights import _rounded_update_fn
+
+WARM, TIMED = 3, 10
+BETAS, EPS = (0.9, 0.999), 1e-8
+WITH_MAIN_BYTES = 20  # reads main 4, grad 2, moments 4; writes main 4, moments 4, weight 2
+WITHOUT_MAIN_BYTES = 14  # reads weight 2, grad 2, moments 4; writes weight 2, moments 4
+SECOND_SEED_OFFSET = 1 << 20  # the second hash's seed: the step count plus this
+
+
+def gpu_ms(fn, warm: int = WARM, timed: int = TIMED) -> float:
+    """Median GPU time of `fn` (CUDA events) over `timed` calls after `warm`."""
+    times = []
+    for i in range(warm + timed):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        if i >= warm:
+            times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def _without_main(weight_bits):
+    """The update without main weights, the weight's 16 bits from `weight_bits(main, step)`
+    (None: rounded to nearest)."""
+    def update(grad, exp_avg, exp_avg_sq, weight, lr, step_size, bias2_sqrt, found_inf,
+               grad_scale, step):
+        main = weight.float()
+        nearest = torch.empty_like(weight)
+        _adamw_update(main, grad, exp_avg, exp_avg_sq, nearest, lr, step_size, bias2_sqrt,
+                      found_inf, grad_scale, step, beta1=BETAS[0], beta2=BETAS[1], eps=EPS,
+                      weight_decay=0.0)
+        if weight_bits is None:
+            weight.copy_(nearest)
+        else:
+            weight.copy_(stochastic_bf16(main, weight_bits(main, step)))
+    return torch.compile(update, dynamic=False)
+
+
+def _second_hash(main, step):
+    return hashed_bits(main, step + SECOND_SEED_OFFSET) & 0xFFFF
+
+
+def _scalars() -> dict[str, torch.Tensor]:
+    values = {"lr": 1e-5, "step_size": 1e-4, "bias2_sqrt": 0.03, "found_inf": 0.0,
+              "grad_scale": 1.0}
+    scalars = {k: torch.tensor(v, device="cuda") for k, v in values.items()}
+    return {**scalars, "step": torch.tensor(7, device="cuda")}
+
+
+def _time_without(numel: int, update) -> float:
+    s = _scalars()
+    grad = (torch.randn(numel, device="cuda") * 1e-3).bfloat16()
+    exp_avg, exp_avg_sq = (torch.zeros(numel, device="cuda", dtype=torch.bfloat16)
+                           for _ in range(2))
+    weight = torch.randn(numel, device="cuda").bfloat16()
+    return gpu_ms(lambda: update(grad, exp_avg, exp_avg_sq, weight, s["lr"], s["step_size"],
+                                 s["bias2_sqrt"], s["found_inf"], s["grad_scale"], s["step"]))
+
+
+def _time_with_main(numel: int) -> float:
+    s = _scalars()
+    update = _update_fn("cuda", *BETAS, EPS, 0.0, "bf16", False)
+    main = torch.randn(numel, device="cuda")
+    grad = (torch.randn(numel, device="cuda") * 1e-3).bfloat16()
+    exp_avg, exp_avg_sq = (torch.zeros(numel, device="cuda", dtype=torch.bfloat16)
+                           for _ in range(2))
+    weight = main.bfloat16()
+    return gpu_ms(lambda: update(main, grad, exp_avg, exp_avg_sq, weight, s["lr"],
+                                 s["step_size"], s["bias2_sqrt"], s["found_inf"],
+                                 s["grad_scale"], s["step"]))
+
+
+def _time_copy(numel: int) -> float:
+    """6 bytes a parameter read and 6 written: a plain copy's bandwidth."""
+    source, target = (torch.empty(numel * 3, device="cuda", dtype=torch.bfloat16)
+                      for _ in range(2))
+    return gpu_ms(functools.partial(target.copy_, source))
+
+
+def measure(numel: int) -> dict:
+    rows = {"with main weights": (_time_with_main(numel), WITH_MAIN_BYTES)}
+    library = _rounded_update_fn("cuda", *BETAS, EPS, 0.0)
+    for name, update in (("without: engine/rounded_weights.py", library),
+                         ("without: weight bits a second hash", _without_main(_second_hash)),
+                         ("without: rounded to nearest", _without_main(None))):
+        rows[name] = (_time_without(numel, update), WITHOUT_MAIN_BYTES)
+        torch.cuda.empty_cache()
+    copy_ms = _time_copy(numel)
+    rows["copy: 6 bytes a parameter each way"] = (copy_ms, 12)
+    return {"numel": numel, "device": torch.cuda.get_device_name(), "torch": torch.__version__,
+            "rows": {name: {"gpu_ms": ms, "bytes_per_param": b,
+                            "tb_per_s": numel * b / ms / 1e9} for name, (ms, b) in rows.items()}}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--numel", type=int, default=1 << 28)
+    parser.add_argument("--out")
+    args = parser.parse_args()
+    result = measure(args.numel)
+    for name, row in result["rows"].items():
+        print(f"{name:40s} {row['gpu_ms']:7.3f} ms {row['bytes_per_param']:3d} B/param "
+              f"{row['tb_per_s']:5.2f} TB/s")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
