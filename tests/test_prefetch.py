@@ -4,8 +4,9 @@ inline, in step order, with a data source's error raised on the training thread.
 import pytest
 import torch
 
-from mosaic.engine.rows import RowPrefetcher, pinned
+from mosaic.engine.rows import PINNING, RowPrefetcher, pinned
 from mosaic.engine.session import batch_loader
+from mosaic.engine.steps import may_capture, step_optimizer
 from tests.test_engine import ToyModel
 
 RANGES = {"vision": (1, 3), "text": (0, 4)}
@@ -130,3 +131,42 @@ def test_synthetic_rows_drawn_on_the_gpu_are_the_same_for_every_split():
     again = clip.make_rows("tiny", {"vision": (0, 4)}, step=5, seed=1, global_batch=4,
                            device=cuda)
     assert torch.equal(whole["vision"][0], again["vision"][0])
+
+
+class _Pinnable:
+    """Stands in for a host tensor: records whether pinning it held the pinning lock."""
+
+    def __init__(self, seen: list[bool]) -> None:
+        self.seen = seen
+
+    def pin_memory(self) -> "_Pinnable":
+        self.seen.append(PINNING.locked())
+        return self
+
+
+class _CapturingOptimizer:
+    """An optimizer whose step records whether the row threads were kept from pinning, with
+    no captured step yet (as MainWeightsAdamW before its capture) or one replayed."""
+
+    def __init__(self, graphs: dict) -> None:
+        self.graphs, self.capture_failed, self.seen = graphs, None, []
+
+    def step(self) -> None:
+        self.seen.append(PINNING.locked())
+
+
+def test_no_row_is_pinned_while_the_optimizer_may_capture_its_step():
+    """A capture in progress fails if another thread pins memory (rows.PINNING): pinning
+    holds the lock, and so does an optimizer step that may capture; once the step replays
+    a captured graph, it does not wait for pinning."""
+    seen: list[bool] = []
+    pinned([{"vision": (_Pinnable(seen), _Pinnable(seen))}], pin=True)
+    assert seen == [True, True] and not PINNING.locked()
+    first, captured = _CapturingOptimizer({}), _CapturingOptimizer({("key",): object()})
+    failed = _CapturingOptimizer({})
+    failed.capture_failed = "RuntimeError: capture failed"
+    for optimizer in (first, captured, failed):
+        step_optimizer(optimizer)
+    assert (first.seen, captured.seen, failed.seen) == ([True], [False], [False])
+    overlapped = type("PerModule", (), {"optimizers": {"llm": captured, "vision": first}})()
+    assert may_capture(overlapped) and not may_capture(torch.optim.SGD([torch.zeros(1)], 0.1))

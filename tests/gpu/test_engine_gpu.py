@@ -204,3 +204,22 @@ def test_nccl_processes_clip_the_global_norm_as_one_process_does(tmp_path):
     for name, (toy, plan) in cases.items():
         reference = reference_state(ToyModel(toy), "tiny", STEPS, LR, clip_grad_norm=clip)
         check_case(tmp_path, name, toy, plan, 2, reference, rtol=1e-3, atol=1e-4)
+
+
+def test_real_data_pinned_on_threads_leaves_the_optimizers_capture_whole():
+    """Real data comes through the row threads, which pin each step's rows (engine/rows.py);
+    the optimizer captures its step a few steps in. Pinning from another thread during that
+    capture made it fail and killed the run (`mosaic train clip --preset small --data
+    digits`, fp32, H200, 2026-12-04): the run trains, and its optimizer step is captured."""
+    import warnings
+
+    from mosaic.zoo import get_model
+
+    plan = one_gpu_plans(get_model("clip").graph("small"))["temporal"]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = train(TrainConfig(model="clip", preset="small", plan=plan, steps=10,
+                                   warmup_steps=1, data="digits", device="cuda",
+                                   progress=False))
+    assert len(result.steps) == 10
+    assert not [w for w in caught if "capture failed" in str(w.message)]

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from mosaic.engine.rows import PINNING
 from mosaic.engine.runner import StepOutput
 from mosaic.engine.timer import Mark, Timer
 
@@ -185,6 +186,25 @@ def _some_element_not_finite(grads: list[torch.Tensor]) -> torch.Tensor:
     return found
 
 
+def may_capture(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether `optimizer.step()` may capture a CUDA graph: MainWeightsAdamW captures its step
+    once the gradients' addresses repeat, so until it holds a captured step or gave up (for an
+    update under the backward, any module's optimizer)."""
+    parts = getattr(optimizer, "optimizers", None)
+    return any(getattr(o, "graphs", None) == {} and getattr(o, "capture_failed", "") is None
+               for o in (parts.values() if parts else [optimizer]))
+
+
+def step_optimizer(optimizer: torch.optim.Optimizer) -> None:
+    """`optimizer.step()`, with the row threads' pinning held off while it may capture
+    (rows.PINNING says why); replaying a captured step waits for no pinning."""
+    if may_capture(optimizer):
+        with PINNING:
+            optimizer.step()
+    else:
+        optimizer.step()
+
+
 def launch_step(session: Any, optimizer: torch.optim.Optimizer | None, rows: list[dict],
                 timer: Timer, step: int, poison: Any = None, guard: str = "norms",
                 stop_requested: bool = False,
@@ -215,11 +235,11 @@ def launch_step(session: Any, optimizer: torch.optim.Optimizer | None, rows: lis
     checked = None
     if on_device:
         optimizer.found_inf = (health[BAD_LOSS:BAD_LOSS + 1 + len(names)].sum() > 0).float()
-        optimizer.step()
+        step_optimizer(optimizer)
     else:
         checked = read_bad(health.tolist(), names)
         if optimizer is not None and not checked:
-            optimizer.step()
+            step_optimizer(optimizer)
     on_host = health.to("cpu", non_blocking=True) if health.is_cuda else health.clone()
     return StepInFlight(step=step, start=start, end=timer.mark(), health=on_host,
                         modules=names, output=output, clipped=clip is not None), checked
