@@ -435,7 +435,8 @@ def _latest_runs(results: Path) -> dict[str | None, Runs]:
     not the row's configuration); never a superseded one, one
     stopped before it measured every contender (`complete` false), nor one without mosaic's
     plan (a variant measured on a baseline's plan alone). Under None every such run; under
-    BF16_MOSAIC, BF16_MOMENTS_MOSAIC and AUTOTUNE only the runs that measured that label, for
+    BF16_MOSAIC, BF16_MOMENTS_MOSAIC, NO_MAIN_MOSAIC and AUTOTUNE only the runs that measured
+    that label, for
     a column or row the newest run may lack (one pass over the files for all)."""
     from mosaic.perf.results import superseded, without_superseded_rows
 
@@ -443,8 +444,7 @@ def _latest_runs(results: Path) -> dict[str | None, Runs]:
         one_step = report.get("engine", {}).get("accumulation", 1) == 1
         return user_baseline(report) is not None, one_step, report["date"]
 
-    latest: dict[str | None, Runs] = {None: {}, BF16_MOSAIC: {}, BF16_MOMENTS_MOSAIC: {},
-                                      AUTOTUNE: {}}
+    latest: dict[str | None, Runs] = {None: {}, AUTOTUNE: {}, **{k: {} for k in _LAYOUTS_OF}}
     for path in _result_files(results, "."):
         report = without_superseded_rows(load(path), path)
         if not _compiled_one_gpu(report) or superseded(path) or not report.get("complete", True):
@@ -533,7 +533,12 @@ BF16_MOMENTS_MOSAIC = "mosaic@bf16_weights=true,bf16_moments=true"
 """mosaic's plan with bf16 weights and bf16 AdamW moments (`--bf16-moments`: opt-in, another
 optimizer precision, so a row of its own)."""
 BF16_MOMENT_LAYOUTS = {f"{v},bf16_moments=true": note for v, note in BF16_LAYOUTS.items()}
-_LAYOUTS_OF = {BF16_MOSAIC: BF16_LAYOUTS, BF16_MOMENTS_MOSAIC: BF16_MOMENT_LAYOUTS}
+NO_MAIN_MOSAIC = f"{BF16_MOMENTS_MOSAIC},fp32_main_weights=false"
+"""mosaic's plan with bf16 weights and moments and no fp32 main weights
+(`--no-fp32-main-weights`: opt-in too, a row of its own)."""
+NO_MAIN_LAYOUTS = {f"{v},fp32_main_weights=false": note for v, note in BF16_MOMENT_LAYOUTS.items()}
+_LAYOUTS_OF = {BF16_MOSAIC: BF16_LAYOUTS, BF16_MOMENTS_MOSAIC: BF16_MOMENT_LAYOUTS,
+               NO_MAIN_MOSAIC: NO_MAIN_LAYOUTS}
 
 
 def _labelled(report: dict[str, Any], label: str) -> dict[str, Any] | None:
@@ -554,7 +559,7 @@ def _fastest_bf16(report: dict[str, Any], planner: str,
 
 def _layout_note(row: dict[str, Any]) -> str:
     variant = row["planner"].partition("@")[2]
-    return BF16_LAYOUTS.get(variant, BF16_MOMENT_LAYOUTS.get(variant, ""))
+    return next((layouts[variant] for layouts in _LAYOUTS_OF.values() if variant in layouts), "")
 
 
 def _bf16_weights_cell(report: dict[str, Any], row: dict[str, Any] | None) -> str:
@@ -632,7 +637,9 @@ def measured_summary(results: Path, arg: str | None) -> str:
                 rows.append(_summary_row(name, report, plans["mosaic"], best_baseline(report),
                                          user))
                 for label, what in ((BF16_MOSAIC, "bf16 weights"),
-                                    (BF16_MOMENTS_MOSAIC, "bf16 weights and moments")):
+                                    (BF16_MOMENTS_MOSAIC, "bf16 weights and moments"),
+                                    (NO_MAIN_MOSAIC, "bf16 weights and moments, no fp32 main "
+                                                     "weights")):
                     bf16_run = _run_with(label, report, having[label].get(key))
                     if bf16_run is not None:
                         bf16_row = _labelled(bf16_run, label)
@@ -671,6 +678,7 @@ def _summary_row(name: str, report: dict[str, Any], row: dict[str, Any],
     if report["preset"] == "paper" and value is not None:
         mosaic += f" ({pct(value, signed=False)} MFU)"
     with_bf16 = ("" if not base or "@bf16_weights" not in base["planner"] else
+                 " (the same flags too)" if "fp32_main_weights=false" in base["planner"] else
                  " (bf16 weights and moments too)" if "bf16_moments=true" in base["planner"]
                  else " (bf16 weights too)")
     return [name, str(report["global_batch"]), f"{ms(user['measured_iteration_s'])} ms",

@@ -198,6 +198,15 @@ def test_the_bf16_row_takes_the_faster_update_layout_and_names_it(tmp_path):
     assert readme[1].startswith("| CLIP, bf16 weights (a weight at a time) | 32 |")
     assert readme[2] == ("| CLIP, bf16 weights and moments (a weight at a time) | 32 | 23.10 ms "
                          "| 15.50 ms (bf16 weights and moments too) | **15.00 ms** | 1.540x |")
+    # without fp32 main weights too (opt-in): a row of its own, against the same flags
+    report["results"] += [plan_row(f"mosaic{moments},fp32_main_weights=false", 14.0),
+                          plan_row(f"megatron{moments},fp32_main_weights=false", 14.0)]
+    path.write_text(json.dumps(report))
+    readme = render.measured_summary(tmp_path, None).splitlines()[2:]
+    assert readme[2].startswith("| CLIP, bf16 weights and moments (a weight at a time) | 32 |")
+    assert readme[3] == ("| CLIP, bf16 weights and moments, no fp32 main weights (a weight at a "
+                         "time) | 32 | 23.10 ms | 14.00 ms (the same flags too) | **14.00 ms** "
+                         "| 1.650x |")
 
 
 def test_a_user_program_compiled_by_blocks_is_no_baseline(tmp_path):
