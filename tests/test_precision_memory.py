@@ -16,7 +16,7 @@ from mosaic.graph import GraphError, MMGraph
 from mosaic.hardware import make_cluster
 from mosaic.perf.analytic import AnalyticModel
 from mosaic.plan import PlanError
-from mosaic.planners import plan_all
+from mosaic.planners import make_plan, plan_all
 from mosaic.zoo import get_model
 
 GIB = 2**30
@@ -68,8 +68,13 @@ def test_qwen3_vl_paper_plans_on_one_h200_only_with_bf16_weights_and_moments():
     cluster = make_cluster(1, "h200")
     perf = AnalyticModel(cluster)
     graph = get_model("qwen3-vl").graph("paper")
-    with pytest.raises(PlanError, match="train with --bf16-weights --bf16-moments"):
+    with pytest.raises(PlanError, match="train with --bf16-weights --bf16-moments") as error:
         plan_all(graph, cluster, perf, ["megatron"])
+    assert "a plan fits with" not in str(error.value)  # the flags named are enough
+    huge = get_model("qwen3-vl").graph("paper", global_batch=256)
+    with pytest.raises(PlanError) as error:
+        plan_all(huge, cluster, perf, ["megatron"])
+    assert "a plan fits with" not in str(error.value)  # no precision is enough
     lean = graph.with_precision(bf16_weights=True, bf16_moments=True)
     (plan,) = plan_all(lean, cluster, perf, ["megatron"])
     assert plan.num_gpus == 1
@@ -85,8 +90,9 @@ def test_qwen3_vl_paper_plans_on_one_h200_only_with_bf16_weights_and_moments():
 def test_past_bf16_weights_and_moments_the_error_names_no_fp32_main_weights():
     """Qwen3-VL `paper` at batch 16 exceeds one H200 with bf16 weights and moments updated a
     weight at a time; without fp32 main copies (4 bytes a bf16 weight less) it fits, and the
-    plan error says so. From fp32 weights the first error names bf16 weights and moments: the
-    module check sees the LLM alone, which fits so; the plan check then names the rest."""
+    plan error says so. From fp32 weights the module check, which sees the LLM alone, names
+    bf16 weights and moments, and the error adds the flags with which a plan was found (the
+    planner tried them), so that the user needs no second error."""
     cluster = make_cluster(1, "h200")
     perf = AnalyticModel(cluster)
     graph = get_model("qwen3-vl").graph("paper", global_batch=16)
@@ -95,8 +101,14 @@ def test_past_bf16_weights_and_moments_the_error_names_no_fp32_main_weights():
         plan_all(lean, cluster, perf, ["megatron"])
     with pytest.raises(PlanError, match="train with --bf16-weights --bf16-moments "
                                         "--no-bf16-flat-grads .bf16 GEMM weights and moments, "
-                                        "fp32 main weights"):
+                                        "fp32 main weights") as error:
         plan_all(graph, cluster, perf, ["megatron"])
+    assert str(error.value).endswith(
+        "; a plan fits with `mosaic train --bf16-weights --bf16-moments --no-bf16-flat-grads "
+        "--no-fp32-main-weights`")
+    with pytest.raises(PlanError, match="a plan fits with `mosaic train --bf16-weights "
+                                        "--bf16-moments --no-bf16-flat-grads --no-fp32-main"):
+        make_plan(graph, cluster, "megatron", perf)
     leanest = graph.with_precision(bf16_weights=True, bf16_moments=True, bf16_flat_grads=False,
                                    fp32_main_weights=False)
     (plan,) = plan_all(leanest, cluster, perf, ["megatron"])

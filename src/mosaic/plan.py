@@ -39,6 +39,11 @@ class PlanError(MosaicError):
     """A plan that cannot run; the message names the field and the fix."""
 
 
+class MemoryPlanError(PlanError):
+    """A plan, or a module of it, that does not fit in GPU memory: the message names the GPU
+    or module, by how much, and what would free it."""
+
+
 class TensorParallelError(PlanError):
     """A placement's `tensor_parallel` that cannot run: the degree, its GPUs or the module."""
 
@@ -395,7 +400,7 @@ def _check_memory(plan: Plan, graph: MMGraph, cluster: ClusterSpec) -> None:
     budget = cluster.gpu.memory_bytes * (1 - MEMORY_MARGIN)
     for g, used in sorted(gpu_memory_bytes(plan, graph).items()):
         if used > budget:
-            raise PlanError(
+            raise MemoryPlanError(
                 f"GPU {g} needs {used / 2**30:.1f} GiB (weights, optimizer state, activations) but "
                 f"{budget / 2**30:.1f} GiB is usable on {cluster.gpu.name}; "
                 f"{memory_fix(plan, graph, g, used - budget)}"

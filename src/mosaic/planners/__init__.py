@@ -10,7 +10,7 @@ from pathlib import Path
 from mosaic.graph import MMGraph
 from mosaic.hardware import ClusterSpec
 from mosaic.perf.base import PerfModel
-from mosaic.plan import Plan, PlanError
+from mosaic.plan import MemoryPlanError, Plan, PlanError
 from mosaic.planners.distmm import plan_distmm
 from mosaic.planners.exhaustive import plan_exhaustive
 from mosaic.planners.gahc import plan_gahc
@@ -51,16 +51,67 @@ def plan_all(graph: MMGraph, cluster: ClusterSpec, perf: PerfModel,
     A baseline whose plan cannot fit (PlanError) is left out, since the others still compare;
     if no planner produces a plan, the first error is raised.
     """
-    planners = [get_planner(n) for n in names]
-    plans, errors = [], []
-    for name, planner in zip(names, planners, strict=True):
-        try:
-            plans.append(run_planner(planner, graph, cluster, perf))
-        except PlanError as exc:
-            errors.append(f"{name}: {exc}")
+    plans, errors = _each_plan(graph, cluster, perf, names)
     if not plans:
-        raise PlanError(f"no planner found a plan: {'; '.join(errors)}")
+        message = f"no planner found a plan: {'; '.join(str(e) for e in errors)}"
+        if any(isinstance(e, MemoryPlanError) for e in errors):
+            message += lean_precision_hint(
+                graph, message, lambda lean: _each_plan(lean, cluster, perf, names)[0])
+        raise PlanError(message)
     return plans
+
+
+def _each_plan(graph: MMGraph, cluster: ClusterSpec, perf: PerfModel,
+               names: Sequence[str]) -> tuple[list[Plan], list[PlanError]]:
+    plans, errors = [], []
+    for name in names:
+        try:
+            plans.append(run_planner(get_planner(name), graph, cluster, perf))
+        except PlanError as exc:  # named once (the assembly names its planner itself)
+            text = str(exc) if str(exc).startswith(f"{name}: ") else f"{name}: {exc}"
+            errors.append(MemoryPlanError(text) if isinstance(exc, MemoryPlanError)
+                          else PlanError(text))
+    return plans, errors
+
+
+LEAN_PRECISIONS = ({"bf16_weights": True, "bf16_moments": True, "bf16_flat_grads": False},
+                   {"bf16_weights": True, "bf16_moments": True, "bf16_flat_grads": False,
+                    "fp32_main_weights": False})
+"""The `mosaic train` precisions that hold the least, leaner last (graph.with_precision)."""
+PRECISION_FLAGS = (("bf16_weights", True, "--bf16-weights"),
+                   ("bf16_moments", True, "--bf16-moments"),
+                   ("bf16_flat_grads", False, "--no-bf16-flat-grads"),
+                   ("fp32_main_weights", False, "--no-fp32-main-weights"))
+
+
+def lean_precision_hint(graph: MMGraph, message: str,
+                        plans_of: Callable[[MMGraph], object]) -> str:
+    """'; a plan fits with `mosaic train FLAGS`' where the graph held in a leaner precision
+    gets a plan from `plans_of` (a truthy result, no PlanError) that the engine can train so
+    (whole modules: it keeps bf16 weights on no sharded or tensor-parallel one), and `message`
+    does not already name those flags; else ''. A module's memory check sees the module
+    alone: the flags it names can leave the GPU its modules share short, so the user would
+    learn the rest only from a second error."""
+    held = graph.modules[0]
+    for precision in LEAN_PRECISIONS:
+        flags = " ".join(flag for field, value, flag in PRECISION_FLAGS
+                         if field in precision and getattr(held, field) != value)
+        if not flags:
+            continue
+        try:
+            found = plans_of(graph.with_precision(**precision))
+        except PlanError:
+            continue
+        plans = found if isinstance(found, list) else [found]
+        if any(_whole_modules(p) for p in plans):
+            return "" if f"train with {flags} " in message else (
+                f"; a plan fits with `mosaic train {flags}`")
+    return ""
+
+
+def _whole_modules(plan: Plan) -> bool:
+    return not any(p.shard or p.tensor_parallel > 1
+                   for stage in plan.stages for p in stage.placements)
 
 
 def make_plan(graph: MMGraph, cluster: ClusterSpec, planner: str = "mosaic",
@@ -72,7 +123,15 @@ def make_plan(graph: MMGraph, cluster: ClusterSpec, planner: str = "mosaic",
 
     perf = perf_model if isinstance(perf_model, PerfModel) else make_perf_model(
         perf_model, cluster, preset=graph.preset, db=profile_db)
-    return run_planner(get_planner(planner), graph, cluster, perf)
+    chosen = get_planner(planner)
+    try:
+        return run_planner(chosen, graph, cluster, perf)
+    except MemoryPlanError as error:
+        hint = lean_precision_hint(graph, str(error),
+                                   lambda lean: run_planner(chosen, lean, cluster, perf))
+        if not hint:
+            raise
+        raise MemoryPlanError(f"{error}{hint}") from None
 
 
 def run_planner(planner: Planner, graph: MMGraph, cluster: ClusterSpec,

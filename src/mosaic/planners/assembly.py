@@ -9,7 +9,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from mosaic.plan import Placement, Plan, PlanError, Stage, gpu_memory_bytes, memory_fix
+from mosaic.plan import (
+    MemoryPlanError,
+    Placement,
+    Plan,
+    Stage,
+    gpu_memory_bytes,
+    memory_fix,
+)
 from mosaic.planners.common import INF, Block, SearchSpace, StageChoice
 
 Placed = list[tuple[Block, tuple[int, ...]]]
@@ -100,7 +107,7 @@ def fitting_plan(space: SearchSpace, stages: Sequence[StageChoice], planner: str
     if over is not None:
         gpu, excess = over
         names = sorted({p.module for s in plan.stages for p in s.placements if gpu in p.gpus})
-        raise PlanError(
+        raise MemoryPlanError(
             f"{planner}: GPU {gpu} holds {names} and needs {excess / 2**30:.1f} GiB more than the "
             f"{space.budget_bytes / 2**30:.1f} GiB usable on {space.cluster.gpu.name}; "
             f"{memory_fix(plan, space.graph, gpu, excess)}"

@@ -29,7 +29,7 @@ from mosaic import tensor_parallel as tp
 from mosaic.graph import MMGraph, ModuleSpec
 from mosaic.hardware import ClusterSpec
 from mosaic.perf.base import GRAD_BYTES_PER_PARAM, PerfModel, Work
-from mosaic.plan import MEMORY_MARGIN, PlanError
+from mosaic.plan import MEMORY_MARGIN, MemoryPlanError
 
 INF = math.inf
 TRANSFER_CHARGE = 0.5
@@ -340,7 +340,7 @@ def check_modules_fit(space: SearchSpace) -> None:
                 fix = (f"shard the states of module {name!r} over {size} GPUs (the mosaic and "
                        f"baseline planners do when nothing fits otherwise), or {fix}")
             fix = _bf16_fix(spec, need, space.budget_bytes, fix) if t == 1 else fix
-            raise PlanError(
+            raise MemoryPlanError(
                 f"module {name!r} needs {need / gib:.1f} GiB per GPU even at DP {size // t}{tp_note} "
                 f"({static / gib:.1f} GiB weights + optimizer state, "
                 f"{(need - static) / gib:.1f} GiB activations and bf16 weight copies) but only "
