@@ -11,7 +11,8 @@ with another seed). This times one flat update of N parameters (one Inductor ker
   - without, the weight's bits a second MurmurHash with its own seed (as first shipped);
   - without, the weight rounded to nearest (no bits: the floor, not a training option);
   - a plain copy of 12 bytes a parameter (what the memory system gives);
-each as bytes moved over GPU time (CUDA events, median of 10 after 3 warm-up calls).
+each as bytes moved over GPU time (CUDA events, the profiler's median: profile/main_weights.py
+timed_s).
 
     PYTHONPATH=src python benchmarks/rounded_update_bits.py --numel 268435456 --out X.json
 """
@@ -21,32 +22,22 @@ from __future__ import annotations
 import argparse
 import functools
 import json
-import statistics
 
 import torch
 
 from mosaic.engine.main_weights import _adamw_update, _update_fn, hashed_bits, stochastic_bf16
 from mosaic.engine.rounded_weights import _rounded_update_fn
+from mosaic.profile.main_weights import timed_s
 
-WARM, TIMED = 3, 10
 BETAS, EPS = (0.9, 0.999), 1e-8
 WITH_MAIN_BYTES = 20  # reads main 4, grad 2, moments 4; writes main 4, moments 4, weight 2
 WITHOUT_MAIN_BYTES = 14  # reads weight 2, grad 2, moments 4; writes weight 2, moments 4
 SECOND_SEED_OFFSET = 1 << 20  # the second hash's seed: the step count plus this
 
 
-def gpu_ms(fn, warm: int = WARM, timed: int = TIMED) -> float:
-    """Median GPU time of `fn` (CUDA events) over `timed` calls after `warm`."""
-    times = []
-    for i in range(warm + timed):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        if i >= warm:
-            times.append(start.elapsed_time(end))
-    return statistics.median(times)
+def gpu_ms(fn) -> float:
+    """Median GPU time of `fn` in ms (CUDA events), as the profiler times an update."""
+    return timed_s(fn, "cuda") * 1e3
 
 
 def _without_main(weight_bits):
