@@ -3,6 +3,8 @@ place in the ProfileDB and the recipe, and the model pricing a per-weight update
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from torch import nn
@@ -227,6 +229,37 @@ def test_an_update_measured_with_other_update_code_is_named(tmp_path):
     notes = ProfiledModel(CLUSTER, path, engine=PER_WEIGHT).coverage_notes(plan, graph)
     assert [n.split(":")[0] for n in notes if "update" in n] == ["enc0"]
     assert "engine/main_weights.py has changed since" in " ".join(notes)
+
+
+def test_the_update_codes_digest_follows_its_code_not_its_prose(tmp_path):
+    """Comments, docstrings and layout do not change the digest that marks a measured update
+    stale; a change of the code does."""
+    from mosaic.profile.main_weights import update_code_digest
+
+    def digest(text: str) -> str:
+        path = tmp_path / "update.py"
+        path.write_text(text)
+        return update_code_digest(path)
+
+    code = digest('"""Doc."""\n\ndef f(x):\n    return x * 2\n')
+    assert code == digest('"""Other doc."""\n# why\n\n\ndef f(x):\n    """Doc."""\n'
+                          '    return (x *  2)  # a comment\n')
+    assert code != digest('"""Doc."""\n\ndef f(x):\n    return x * 3\n')
+
+
+def test_the_shipped_update_entries_were_measured_with_this_update_code():
+    """Every bf16 update the shipped profile measured was measured with the engine's update
+    code as it is: an edit of engine/main_weights.py or engine/rounded_weights.py that can
+    change what the update costs needs `mosaic profile MODEL --update --main-weights-only`
+    on the GPU in the same change (docs/engine.md), else the model prices stale entries."""
+    from mosaic.profile.main_weights import rounded_code_digest, update_code_digest
+
+    shipped = Path(__file__).parents[1] / "src" / "mosaic" / "profile" / "data" / "h200.sqlite"
+    points = stored_updates(ProfileDB.open(shipped))
+    measured = [p for p in points.values() if p.bf16_weights]
+    assert measured and {p.code for p in measured} == {update_code_digest()}
+    assert {p.rounded_code for p in measured if p.per_weight_no_main_s is not None} == {
+        rounded_code_digest()}
 
 
 def test_train_plans_then_takes_the_layout_the_profile_predicts(tmp_path, capsys):
