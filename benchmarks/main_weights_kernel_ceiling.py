@@ -54,12 +54,14 @@ def _state(numel: int, dtype: torch.dtype) -> dict[str, torch.Tensor]:
 def _main_weights(sizes: list[int], update) -> float:
     states = [_state(n, torch.bfloat16) for n in sizes]
     scalar = {k: torch.tensor(v, device="cuda") for k, v in
-              {"lr": 1e-5, "step_size": 1e-4, "bias2_sqrt": 0.03, "found_inf": 0.0}.items()}
+              {"lr": 1e-5, "step_size": 1e-4, "bias2_sqrt": 0.03, "found_inf": 0.0,
+               "grad_scale": 1.0, "step": 7}.items()}
 
     def step() -> None:
         for s in states:
             update(s["main"], s["grad"], s["exp_avg"], s["exp_avg_sq"], s["weight"],
-                   scalar["lr"], scalar["step_size"], scalar["bias2_sqrt"], scalar["found_inf"])
+                   scalar["lr"], scalar["step_size"], scalar["bias2_sqrt"], scalar["found_inf"],
+                   scalar["grad_scale"], scalar["step"])
     return gpu_ms(step)
 
 
@@ -88,7 +90,8 @@ def _triton_update():
             tl.store(main + offsets, new, mask=mask)
             tl.store(weight + offsets, new.to(tl.bfloat16), mask=mask)
 
-    def update(main, grad, exp_avg, exp_avg_sq, weight, lr, step_size, bias2_sqrt, found_inf):
+    def update(main, grad, exp_avg, exp_avg_sq, weight, lr, step_size, bias2_sqrt, found_inf,
+               grad_scale, step):  # gradient clipping's scale and the step: not used here
         n = main.numel()
         kernel[(triton.cdiv(n, 4096),)](main, grad, exp_avg, exp_avg_sq, weight, lr, step_size,
                                         bias2_sqrt, found_inf, n, 0.9, 0.999, 1e-8, 0.0,
