@@ -8,7 +8,10 @@
 #   ofasys:paper:32:560                        (a call of its own; PLANS_AT_ONCE=2 if memory
 #                                               runs out: four plans' graph pools at b32)
 # Optional: VARIANT=bf16_weights=true measures every plan again with that engine variant
-# (`--engine-variant`, results named ..._<field>); PLANNERS=megatron,mosaic fewer planners
+# (`--engine-variant`, results named ..._<field> after the first; several, space-separated,
+# each its own variant: "bf16_weights=true,bf16_flat_grads=false
+# bf16_weights=true,bf16_flat_grads=false,bf16_moments=true,fp32_main_weights=false");
+# PLANNERS=megatron,mosaic fewer planners
 # (each variant plan of bf16 weights trains its own copy of the model: memory);
 # USER_PROGRAMS="" no user program (Unified-IO 2 `paper`: the whole-model compile).
 set -u
@@ -24,7 +27,7 @@ for row in "${ROWS[@]}"; do
   # Each plan's traced step comes back for `small` (a few MB); `paper` traces stay behind.
   runs=$OUT/$name; [ "$preset" = paper ] && runs=/tmp/$name
   extra=(); [ -n "${PLANS_AT_ONCE:-}" ] && extra+=(--plans-at-once "$PLANS_AT_ONCE")
-  [ -n "${VARIANT:-}" ] && extra+=(--engine-variant "$VARIANT")
+  for variant in ${VARIANT:-}; do extra+=(--engine-variant "$variant"); done
   [ -n "${PLANNERS:-}" ] && extra+=(--planners "$PLANNERS")
   timeout "$limit" python -m mosaic bench "$model" --gpus 1 --preset "$preset" --batch "$batch" \
     --perf-model profiled --compile-scope "$scope" \
