@@ -49,16 +49,16 @@ def test_steps_below_half_a_bf16_unit_stall_rounded_to_nearest_and_add_up_stocha
 def test_the_weights_bits_are_even_whichever_way_the_moments_round():
     """The weight rounds with the moments' draw remixed (rounded_weights.weight_bits), not a
     draw of its own. 2^16 weights a third of a bf16 unit above a bf16 value round up a third
-    of the time, as often where the first moment's bits round it up as where they round it
-    down: the rounding stays unbiased and the two are not coupled."""
+    of the time, as often where either moment's bits round it up as where they round it
+    down: the rounding stays unbiased and the three are not coupled."""
     unit = 2.0 ** -7
     main = torch.full((1 << 16,), 1 + unit / 3)
     step = torch.tensor(5)
     draw = hashed_bits(main, step)
-    moment_up = (draw & 0xFFFF) >= 1 << 15
+    first_up, second_up = (draw & 0xFFFF) >= 1 << 15, ((draw >> 16) & 0xFFFF) >= 1 << 15
     weight_up = stochastic_bf16(main, weight_bits(main, step)).float() > 1
     assert not torch.equal(weight_bits(main, step), draw & 0xFFFF)
-    for moments_way in (moment_up, ~moment_up):
+    for moments_way in (first_up, ~first_up, second_up, ~second_up):
         assert float(weight_up[moments_way].float().mean()) == pytest.approx(1 / 3, abs=0.01)
 
 
