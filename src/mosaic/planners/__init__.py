@@ -18,6 +18,7 @@ from mosaic.planners.megatron import plan_megatron
 from mosaic.planners.mosaic import MosaicPlannerConfig, plan_mosaic
 from mosaic.planners.spindle import plan_spindle
 from mosaic.planners.variants import plan_mosaic_partition, plan_mosaic_tp, plan_mosaic_unaware
+from mosaic.tensor_parallel import bf16_precision_saving
 
 Planner = Callable[[MMGraph, ClusterSpec, PerfModel], Plan]
 
@@ -74,35 +75,26 @@ def _each_plan(graph: MMGraph, cluster: ClusterSpec, perf: PerfModel,
     return plans, errors
 
 
-LEAN_PRECISIONS = ({"bf16_weights": True, "bf16_moments": True, "bf16_flat_grads": False},
-                   {"bf16_weights": True, "bf16_moments": True, "bf16_flat_grads": False,
-                    "fp32_main_weights": False})
-"""The `mosaic train` precisions that hold the least, leaner last (graph.with_precision)."""
-PRECISION_FLAGS = (("bf16_weights", True, "--bf16-weights"),
-                   ("bf16_moments", True, "--bf16-moments"),
-                   ("bf16_flat_grads", False, "--no-bf16-flat-grads"),
-                   ("fp32_main_weights", False, "--no-fp32-main-weights"))
-
-
 def lean_precision_hint(graph: MMGraph, message: str,
-                        plans_of: Callable[[MMGraph], object]) -> str:
-    """'; a plan fits with `mosaic train FLAGS`' where the graph held in a leaner precision
-    gets a plan from `plans_of` (a truthy result, no PlanError) that the engine can train so
-    (whole modules: it keeps bf16 weights on no sharded or tensor-parallel one), and `message`
-    does not already name those flags; else ''. A module's memory check sees the module
-    alone: the flags it names can leave the GPU its modules share short, so the user would
-    learn the rest only from a second error."""
-    held = graph.modules[0]
-    for precision in LEAN_PRECISIONS:
-        flags = " ".join(flag for field, value, flag in PRECISION_FLAGS
-                         if field in precision and getattr(held, field) != value)
+                        plans_of: Callable[[MMGraph], list[Plan]]) -> str:
+    """'; a plan fits with `mosaic train FLAGS`' where the graph held with bf16 weights and
+    moments, updated a weight at a time (then without fp32 main weights too), gets a plan from
+    `plans_of` that the engine can train so (whole modules: it keeps bf16 weights on no
+    sharded or tensor-parallel one), and `message` does not already name those flags; else
+    ''. A module's memory check sees the module alone: the flags it names can leave the GPU
+    its modules share short, so the user would learn the rest only from a second error."""
+    for main_weights in (True, False):  # the fp32 main copies are the last to go
+        flags = next((f for m in graph.modules
+                      if (f := bf16_precision_saving(m, main_weights=main_weights)[1])), "")
         if not flags:
             continue
+        lean = graph.with_precision(bf16_weights=True, bf16_moments=True, bf16_flat_grads=False,
+                                    fp32_main_weights=main_weights and all(
+                                        m.fp32_main_weights for m in graph.modules))
         try:
-            found = plans_of(graph.with_precision(**precision))
+            plans = plans_of(lean)
         except PlanError:
             continue
-        plans = found if isinstance(found, list) else [found]
         if any(_whole_modules(p) for p in plans):
             return "" if f"train with {flags} " in message else (
                 f"; a plan fits with `mosaic train {flags}`")
@@ -128,7 +120,7 @@ def make_plan(graph: MMGraph, cluster: ClusterSpec, planner: str = "mosaic",
         return run_planner(chosen, graph, cluster, perf)
     except MemoryPlanError as error:
         hint = lean_precision_hint(graph, str(error),
-                                   lambda lean: run_planner(chosen, lean, cluster, perf))
+                                   lambda lean: [run_planner(chosen, lean, cluster, perf)])
         if not hint:
             raise
         raise MemoryPlanError(f"{error}{hint}") from None
