@@ -409,3 +409,31 @@ def test_the_guard_estimate_reads_each_gradient_once_in_its_dtype():
     assert guard["bf16"] == pytest.approx(4.3e-3, rel=0.02)
     params = sum(m.num_params for m in graph.modules)
     assert guard["fp32"] == pytest.approx(4 * params / H200.mem_bandwidth_bps)
+
+
+def test_train_says_its_mfu_on_a_gpu_as_the_bench_counts_it(capsys):
+    """A trained step's MFU: the model's FLOPs a step over the GPUs' datasheet dense bf16
+    peak for that long (the bench's formula), said on the training line where the run had a
+    GPU (the summary holds none on a CPU)."""
+    from types import SimpleNamespace
+
+    from mosaic.cli import DataName, _say_trained
+    from mosaic.engine.trainer import model_flops_utilisation
+    from mosaic.plan import Plan
+    from mosaic.zoo import get_model
+
+    graph = get_model("clip").graph("small")
+    mfu = model_flops_utilisation(graph, 1, "h200", 0.01)
+    assert mfu == pytest.approx(graph.total_flops() / (989e12 * 0.01))
+    assert model_flops_utilisation(graph, 2, "h200", 0.01) == pytest.approx(mfu / 2)
+    summary = {"model": "clip", "preset": "small", "planner": "megatron", "num_gpus": 1,
+               "first_loss": 2.0, "final_loss": 1.0, "step_time_median_s": 0.01,
+               "step_time_p90_s": 0.011, "samples_per_s": 800.0, "pool": {},
+               "device": "cuda:0", "host_launch_share": 0.2, "mfu": 0.316,
+               "config": {"hardware": "h200"}}
+    plan = Plan(model="clip", planner="megatron", num_gpus=1, stages=())
+    _say_trained(SimpleNamespace(summary=summary, plan=plan), DataName.synthetic)
+    assert "800.0 samples/s, MFU 31.6% of 989 TF/s, SM quotas" in capsys.readouterr().out
+    _say_trained(SimpleNamespace(summary={**summary, "mfu": None}, plan=plan),
+                 DataName.synthetic)
+    assert "MFU" not in capsys.readouterr().out

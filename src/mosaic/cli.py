@@ -806,7 +806,7 @@ def _say_trained(result, data) -> None:
         f"gpus={summary['num_gpus']}: loss {summary['first_loss']:.4f} -> {summary['final_loss']:.4f}, "
         f"step {summary['step_time_median_s'] * 1e3:.1f} ms median "
         f"(p90 {summary['step_time_p90_s'] * 1e3:.1f}{_predicted(summary)}), "
-        f"{summary['samples_per_s']:.1f} samples/s, "
+        f"{summary['samples_per_s']:.1f} samples/s{_mfu_note(summary)}, "
         f"SM quotas: {_quota_state(result.plan, summary['pool'])}"
     )
     if compiled := _compile_line(summary.get("compile") or {}):
@@ -822,6 +822,17 @@ def _say_trained(result, data) -> None:
                    f"waited; {remedy}")
     if data != DataName.synthetic:
         typer.echo(_eval_line(summary.get("eval"), result.plan.num_gpus))
+
+
+def _mfu_note(summary: dict) -> str:
+    """', MFU N% of 989 TF/s' on a GPU (against the datasheet's dense bf16 peak)."""
+    mfu = summary.get("mfu")
+    if mfu is None:
+        return ""
+    from mosaic.hardware import gpu_spec
+
+    peak = gpu_spec(summary["config"]["hardware"]).datasheet_bf16_flops
+    return f", MFU {mfu:.1%} of {peak / 1e12:.0f} TF/s"
 
 
 def _predicted(summary: dict) -> str:

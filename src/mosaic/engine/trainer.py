@@ -67,7 +67,7 @@ from mosaic.engine.tensor_parallel import local_tensor
 from mosaic.engine.timer import Mark, Timer
 from mosaic.errors import MosaicError
 from mosaic.graph import MMGraph
-from mosaic.hardware import make_cluster
+from mosaic.hardware import gpu_spec, make_cluster
 from mosaic.plan import Plan, PlanError, gpu_memory_bytes, memory_fix
 
 __all__ = ["OPTIMIZERS", "TrainConfig", "TrainError", "TrainResult", "build_modules",
@@ -523,7 +523,7 @@ def _board_scalars(board: Any, row: dict[str, Any]) -> None:
     board.add_scalar("train/step_time_ms", 1e3 * row["step_time_s"], row["step"])
     if row.get("samples_per_s") is not None:
         board.add_scalar("train/samples_per_s", row["samples_per_s"], row["step"])
-    for key in ("grad_norm", "lr"):
+    for key in ("grad_norm", "lr", "mfu"):
         if row.get(key) is not None:
             board.add_scalar(f"train/{key}", row[key], row["step"])
 
@@ -809,7 +809,19 @@ def _step_metrics(step: int, config: TrainConfig, graph: MMGraph, d: Dist,
            "warmup": step < config.warmup_steps}
     if d.device.type == "cuda":
         row["peak_memory_bytes"] = int(peak)
+        row["mfu"] = model_flops_utilisation(graph, d.world_size, config.hardware, slowest_s)
     return row
+
+
+def model_flops_utilisation(graph: MMGraph, gpus: int, hardware: str,
+                            step_s: float) -> float | None:
+    """The model's FLOPs a step (forward and backward of every module, MMGraph.total_flops)
+    over what `gpus` GPUs of kind `hardware` do in `step_s` at their datasheet dense bf16 peak
+    (989 TF/s on an H200): the MFU of `mosaic bench` and of the papers. Of a trained step,
+    with steps in flight, it is what a training run gets; the bench times each step alone."""
+    if step_s <= 0:
+        return None
+    return graph.total_flops() / (gpus * gpu_spec(hardware).datasheet_bf16_flops * step_s)
 
 
 def _peak_allocated(device: torch.device) -> int:
@@ -982,6 +994,8 @@ def _summary(config: TrainConfig, graph: MMGraph, session: RankSession,
         "step_time_p10_s": float(np.percentile(times, 10)),
         "step_time_p90_s": float(np.percentile(times, 90)),
         "samples_per_s": graph.global_batch / median if median > 0 else None,
+        "mfu": (model_flops_utilisation(graph, d.world_size, config.hardware, median)
+                if d.device.type == "cuda" else None),
         "host_launch_median_s": launch,
         "host_launch_share": launch / median if launch is not None and median > 0 else None,
         "first_loss": steps[0]["loss"], "final_loss": steps[-1]["loss"],
