@@ -62,14 +62,14 @@ def test_the_weights_bits_are_even_whichever_way_the_moments_round():
         assert float(weight_up[moments_way].float().mean()) == pytest.approx(1 / 3, abs=0.01)
 
 
-def _pulled(cls, steps: int = 200):
+def _pulled(cls, steps: int = 200, moments: str = "bf16"):
     """(start, target, weight, optimizer): a bf16 weight pulled to a target by noisy gradients,
     beside an fp32 bias."""
     torch.manual_seed(0)
     start = torch.randn(64, 32).to(torch.bfloat16)
     weight, bias = nn.Parameter(start.clone()), nn.Parameter(torch.zeros(64))
     target = torch.randn(64, 32)
-    optimizer = cls([weight, bias], LR, weight_decay=0.01, moments="bf16")
+    optimizer = cls([weight, bias], LR, weight_decay=0.01, moments=moments)
     generator = torch.Generator().manual_seed(1)
     for _ in range(steps):
         weight.grad = (weight.float() - target + torch.randn(64, 32, generator=generator)
@@ -79,14 +79,16 @@ def _pulled(cls, steps: int = 200):
     return start.float(), target, weight, optimizer
 
 
-def test_rounded_weights_train_as_the_main_weights_do_and_hold_no_copy():
+@pytest.mark.parametrize("moments", ["bf16", "fp32"])
+def test_rounded_weights_train_as_the_main_weights_do_and_hold_no_copy(moments):
     """Same gradients' noise, 200 steps toward a target: the weights without a main copy get
     as close to it (the main run's progress within 2%; measured 0.4%, and 0.4% after 1000
     steps), and differ from the main weights by the rounding's noise alone: unbiased (their
     mean difference within 4 standard errors of zero), a random walk of a few bf16 units;
-    the state holds the moments alone."""
-    start, target, _, main = _pulled(MainWeightsAdamW)
-    _, _, weight, rounded = _pulled(RoundedWeightsAdamW)
+    the state holds the moments alone. With fp32 moments too (the weight's bits are then the
+    update's only draw)."""
+    start, target, _, main = _pulled(MainWeightsAdamW, moments=moments)
+    _, _, weight, rounded = _pulled(RoundedWeightsAdamW, moments=moments)
     (main_weight,) = main.mains
     weight = weight.detach().float()
     progress = {name: float((start - target).norm() - (w - target).norm())
@@ -96,7 +98,8 @@ def test_rounded_weights_train_as_the_main_weights_do_and_hold_no_copy():
     spread = float(difference.pow(2).mean().sqrt())
     assert abs(float(difference.mean())) < 4 * spread / difference.numel() ** 0.5
     assert sorted(rounded.state[rounded.bf16[0]]) == ["exp_avg", "exp_avg_sq", "step"]
-    assert rounded.state[rounded.bf16[0]]["exp_avg"].dtype == torch.bfloat16
+    assert rounded.state[rounded.bf16[0]]["exp_avg"].dtype == getattr(torch, {
+        "bf16": "bfloat16", "fp32": "float32"}[moments])
     assert rounded.mains[0].data_ptr() == rounded.bf16[0].data_ptr()
 
 
