@@ -10,6 +10,7 @@ with another seed). This times one flat update of N parameters (one Inductor ker
     moments' draw by one multiply (14 bytes);
   - without, the weight's bits a second MurmurHash with its own seed (as first shipped);
   - without, the weight rounded to nearest (no bits: the floor, not a training option);
+  - without, with 8-bit (float8 e4m3) moments, a prototype of their speed (10 bytes);
   - a plain copy of 12 bytes a parameter (what the memory system gives);
 each as bytes moved over GPU time (CUDA events, the profiler's median: profile/main_weights.py
 timed_s).
@@ -26,13 +27,14 @@ import json
 import torch
 
 from mosaic.engine.main_weights import _adamw_update, _update_fn, hashed_bits, stochastic_bf16
-from mosaic.engine.rounded_weights import _rounded_update_fn
+from mosaic.engine.rounded_weights import _rounded_update_fn, weight_bits
 from mosaic.profile.main_weights import timed_s
 
 BETAS, EPS = (0.9, 0.999), 1e-8
 WITH_MAIN_BYTES = 20  # reads main 4, grad 2, moments 4; writes main 4, moments 4, weight 2
 WITHOUT_MAIN_BYTES = 14  # reads weight 2, grad 2, moments 4; writes weight 2, moments 4
 SECOND_SEED_OFFSET = 1 << 20  # the second hash's seed: the step count plus this
+FP8_MOMENTS_BYTES = 10  # reads weight 2, grad 2, moments 2; writes weight 2, moments 2
 
 
 def gpu_ms(fn) -> float:
@@ -59,6 +61,48 @@ def _without_main(weight_bits):
 
 def _second_hash(main, step):
     return hashed_bits(main, step + SECOND_SEED_OFFSET) & 0xFFFF
+
+
+FP8_MAX_BELOW_TOP = 416.0  # e4m3's largest value less one unit: noise cannot round past 448
+
+
+def _fp8_stochastic(x: torch.Tensor, noise8: torch.Tensor) -> torch.Tensor:
+    """fp32 `x` to float8 e4m3 rounded stochastically on 8 random bits (the top 8 of the 20
+    mantissa bits e4m3 drops: unbiased to 2^-8 of a unit), normal range only: a probe."""
+    x = x.clamp(-FP8_MAX_BELOW_TOP, FP8_MAX_BELOW_TOP)
+    kept = (x.view(torch.int32) + (noise8 << 12)) & -(1 << 20)
+    return kept.view(torch.float32).to(torch.float8_e4m3fn)
+
+
+def fp8_moments_update(grad, exp_avg, root_exp_avg_sq, weight, m_scale, root_scale, lr,
+                       step_size, bias2_sqrt, step):
+    """A prototype of the update without main weights with 8-bit moments: the first moment
+    and the square root of the second (half the binades) in float8 e4m3, each scaled by a
+    per-tensor scalar (given: a probe of speed, not a recipe), both rounded stochastically
+    on 8 bits of the draw and the weight on its remixed 16 (rounded_weights.weight_bits):
+    10 bytes a parameter moved."""
+    g = grad.float()
+    m_old = exp_avg.float() * m_scale
+    v_old = (root_exp_avg_sq.float() * root_scale) ** 2
+    m = m_old + (g - m_old) * (1 - BETAS[0])
+    v = v_old * BETAS[1] + g * g * (1 - BETAS[1])
+    new = weight.float() * (1 - lr * 0.0) - step_size * m / (v.sqrt() / bias2_sqrt + EPS)
+    bits = hashed_bits(new, step)
+    exp_avg.copy_(_fp8_stochastic(m / m_scale, bits & 0xFF))
+    root_exp_avg_sq.copy_(_fp8_stochastic(v.sqrt() / root_scale, (bits >> 8) & 0xFF))
+    weight.copy_(stochastic_bf16(new, weight_bits(new, step)))
+
+
+def _time_fp8(numel: int) -> float:
+    s = _scalars()
+    update = torch.compile(fp8_moments_update, dynamic=False)
+    grad = (torch.randn(numel, device="cuda") * 1e-3).bfloat16()
+    exp_avg, root = (torch.zeros(numel, device="cuda", dtype=torch.float8_e4m3fn)
+                     for _ in range(2))
+    weight = torch.randn(numel, device="cuda").bfloat16()
+    m_scale, root_scale = torch.tensor(1e-5, device="cuda"), torch.tensor(1e-5, device="cuda")
+    return gpu_ms(lambda: update(grad, exp_avg, root, weight, m_scale, root_scale, s["lr"],
+                                 s["step_size"], s["bias2_sqrt"], s["step"]))
 
 
 def _scalars() -> dict[str, torch.Tensor]:
@@ -106,6 +150,8 @@ def measure(numel: int) -> dict:
                          ("without: rounded to nearest", _without_main(None))):
         rows[name] = (_time_without(numel, update), WITHOUT_MAIN_BYTES)
         torch.cuda.empty_cache()
+    rows["without: fp8 moments (a prototype)"] = (_time_fp8(numel), FP8_MOMENTS_BYTES)
+    torch.cuda.empty_cache()
     copy_ms = _time_copy(numel)
     rows["copy: 6 bytes a parameter each way"] = (copy_ms, 12)
     return {"numel": numel, "device": torch.cuda.get_device_name(), "torch": torch.__version__,
