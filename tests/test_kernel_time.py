@@ -39,6 +39,8 @@ def test_busy_time_counts_overlapping_streams_once_and_classes_sum_to_the_kernel
         "gemm": 400, "optimizer": 300, "triton (fused)": 200, "copy/cast": 100}
     assert sum(v["share_of_kernel_time"] for v in gpu0["classes"].values()) == pytest.approx(1)
     assert gpu0["top_kernels"][0]["class"] == "gemm"
+    assert gpu0["idle_gaps"] == {"long_ms": 0.0, "short_ms": pytest.approx(0.1),
+                                 "short_count": 1.0, "longest_ms": []}
     assert summary["devices"]["1"]["classes"] == {
         "collective": {"ms": pytest.approx(0.025), "count": 0.5, "share_of_kernel_time": 1.0}}
 
@@ -69,3 +71,12 @@ def test_kernel_time_command_reads_a_gzipped_trace(tmp_path, capsys):
     with pytest.raises(SystemExit) as info:
         main(["kernel-time", str(tmp_path / "missing.json")])
     assert info.value.code == 2
+
+
+def test_idle_time_is_split_into_the_hosts_long_gaps_and_the_short_ones_between_kernels():
+    """Two steps of two kernels each, 10 us apart inside a step and 2.5 ms apart between the
+    steps (a sync): the long gap is the host's, the short ones the launches'."""
+    events = [_kernel("triton_poi_fused_0", ts, 100) for ts in (0, 110, 2710, 2820)]
+    gaps = kernel_time({"traceEvents": events}, steps=2)["devices"]["0"]["idle_gaps"]
+    assert gaps == {"long_ms": pytest.approx(2.5 / 2), "short_ms": pytest.approx(0.02 / 2),
+                    "short_count": 1.0, "longest_ms": [pytest.approx(2.5)]}

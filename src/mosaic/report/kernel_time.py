@@ -6,7 +6,8 @@ torch.profiler trace.
 Per GPU: the span from the first kernel's start to the last one's end, the time some kernel
 ran (the union of their intervals: streams that overlap count once), the idle rest, and the
 kernel time over busy time (above 1: kernels of several streams ran at once, as colocated
-modules do). Per class of kernel, by name: GEMMs, attention, the optimizer's multi-tensor
+modules do), and where the idle lies: in gaps of a millisecond or more (the host's: a sync
+between steps, a host-bound stretch) or in the many short ones between kernels. Per class of kernel, by name: GEMMs, attention, the optimizer's multi-tensor
 kernels, copies and casts, Inductor's fused Triton kernels, other elementwise kernels,
 collectives. Memory-bound classes (optimizer, copies, elementwise) against GEMMs and
 attention say whether a step is bound by FLOPs or by bytes.
@@ -107,11 +108,32 @@ def _device_summary(events: list[dict[str, Any]], steps: int) -> dict[str, Any]:
     top = sorted(names.items(), key=lambda item: -sum(item[1]))[:TOP_KERNELS]
     return {"span_ms": span * per_step, "busy_ms": busy * per_step,
             "idle_ms": (span - busy) * per_step, "kernel_ms": total * per_step,
+            "idle_gaps": _idle_gaps([(e["ts"], e["ts"] + e["dur"]) for e in events], steps),
             "concurrency": total / busy if busy else 0.0,
             "classes": dict(sorted(classes.items(), key=lambda item: -item[1]["ms"])),
             "top_kernels": [{"name": name, "class": kernel_class(name),
                              "ms": sum(durs) * per_step, "count": len(durs) / steps}
                             for name, durs in top]}
+
+
+LONG_GAP_US = 1000.0
+"""An idle gap this long (1 ms) is the host's, not a launch's: a sync between steps (the
+bench reads each step's loss), a host-bound stretch or a wait on data. Gaps between a
+step's kernels are a few microseconds each, many of them."""
+
+
+def _idle_gaps(intervals: list[tuple[float, float]], steps: int) -> dict[str, Any]:
+    """Where the idle time lies: in gaps of LONG_GAP_US or more (ms a step, and the longest
+    few in ms as they were) or in the many short ones between kernels (ms a step)."""
+    gaps, reach = [], None
+    for begin, end in sorted(intervals):
+        if reach is not None and begin > reach:
+            gaps.append(begin - reach)
+        reach = end if reach is None else max(reach, end)
+    long = sorted((g for g in gaps if g >= LONG_GAP_US), reverse=True)
+    return {"long_ms": sum(long) / 1e3 / steps, "short_ms": (sum(gaps) - sum(long)) / 1e3 / steps,
+            "short_count": (len(gaps) - len(long)) / steps,
+            "longest_ms": [g / 1e3 for g in long[:5]]}
 
 
 def _union_length(intervals: list[tuple[float, float]]) -> float:
@@ -131,6 +153,11 @@ def format_kernel_time(summary: dict[str, Any]) -> str:
         lines.append(f"GPU {device}, per step: span {s['span_ms']:.2f} ms, busy "
                      f"{s['busy_ms']:.2f} ms, idle {s['idle_ms']:.2f} ms, kernel time "
                      f"{s['kernel_ms']:.2f} ms ({s['concurrency']:.2f}x overlap)")
+        if gaps := s.get("idle_gaps"):
+            longest = ", ".join(f"{g:.2f}" for g in gaps["longest_ms"]) or "none"
+            lines.append(f"  idle: {gaps['long_ms']:.2f} ms in gaps of 1 ms or more (longest "
+                         f"{longest} ms), {gaps['short_ms']:.2f} ms in "
+                         f"{gaps['short_count']:.0f} shorter ones")
         for label, c in s["classes"].items():
             lines.append(f"  {label:20s} {c['ms']:8.2f} ms  {c['share_of_kernel_time']:6.1%}  "
                          f"{c['count']:8.1f} kernels")
