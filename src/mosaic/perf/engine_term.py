@@ -409,7 +409,9 @@ def fit_engine_term(rows: Sequence[IterationRow], engine: str,
 
 
 def fit_engine_terms(rows: Sequence[IterationRow]) -> dict[str, EngineTerm]:
-    """One term per engine kind that has enough rows; kinds with too few are left out."""
+    """One term per engine kind that has enough rows, bf16-weight kinds pooled by family
+    (fitted_kind); kinds with too few are left out."""
+    rows = fitted_rows(rows)
     terms = {}
     for kind in sorted({r.engine for r in rows}):
         try:
@@ -417,6 +419,18 @@ def fit_engine_terms(rows: Sequence[IterationRow]) -> dict[str, EngineTerm]:
         except EngineTermError:
             continue
     return terms
+
+
+def fitted_rows(rows: Sequence[IterationRow]) -> list[IterationRow]:
+    """`rows` with each engine kind as its term is fitted and looked up (fitted_kind)."""
+    return [replace(r, engine=fitted_kind(r.engine)) for r in rows]
+
+
+def fitted_kind(engine: str) -> str:
+    """The kind whose term an engine's rows are fitted for: an engine with bf16 weights, its
+    family (bf16_family), since each way of updating them has too few runs of its own; any
+    other, itself."""
+    return bf16_family(engine) or engine
 
 
 def refit(db_path: str | Path, results: Sequence[str | Path] = (),
@@ -427,8 +441,8 @@ def refit(db_path: str | Path, results: Sequence[str | Path] = (),
     the surfaces in the DB now; a term fitted on the predictions the results recorded from
     older surfaces would correct the wrong model. `kinds`: store only these kinds' terms."""
     with ProfileDB.open(db_path, readonly=False) as db:
-        rows = ((rows_from_results(list(results), today) if results else [])
-                + rows_from_db(db, today))
+        rows = fitted_rows((rows_from_results(list(results), today) if results else [])
+                           + rows_from_db(db, today))
         if not rows:
             raise EngineTermError(f"no profiled-model iteration rows in {list(map(str, results))} "
                                   f"nor in {db_path}'s iterations table; pass bench results JSON")
@@ -449,15 +463,32 @@ def stored_term(db: ProfileDB, engine: str | None) -> EngineTerm | None:
     if engine is None:
         return None
     fits = {f.name: f for f in db.fits()}
-    fit = fits.get(FIT_PREFIX + engine) or fits.get(FIT_PREFIX + term_engine(engine))
+    kinds = (engine, bf16_family(engine), term_engine(engine))
+    fit = next((fits[FIT_PREFIX + k] for k in kinds if k and FIT_PREFIX + k in fits), None)
     return EngineTerm.from_fit(fit) if fit is not None else None
 
 
+def bf16_family(engine: str) -> str | None:
+    """The fitted term an engine with bf16 weights takes before its fp32 twin's: its kind up
+    to 'bf16-weights' (a tuned compile mode read as the default one), whichever way it
+    updates them. Sharing the fp32 twin's term, every bf16 engine was predicted fast: median
+    -2.8% over 53 bench rows on the H200 (fp32 rows -0.5%); one term for the family predicted
+    runs it was not fitted on within 1.6% (BENCHMARKS.md, thirty-second session). None for
+    an engine without bf16 weights."""
+    parts = engine.split("+")
+    if BF16_WEIGHTS not in parts:
+        return None
+    kept = parts[:parts.index(BF16_WEIGHTS) + 1]
+    return "+".join("compile-default" if p.removeprefix("compile-") in TUNED_MODES else p
+                    for p in kept)
+
+
 def term_engine(engine: str) -> str:
-    """The engine kind whose fitted term `engine` shares: a tuned compile mode reads as the
-    default one (tuning changes which kernels run, not the per-step host work that the term
-    fits), and bf16 weights, updated either way, as fp32 ones (the same launches; what they
-    save or add is in the composed time: perf/profiled.py)."""
+    """The engine kind whose fitted term `engine` shares where its own kind and its bf16
+    family (bf16_family) have none: a tuned compile mode reads as the default one (tuning
+    changes which kernels run, not the per-step host work that the term fits), and bf16
+    weights, updated either way, as fp32 ones (the same launches; what they save or add is in
+    the composed time: perf/profiled.py)."""
     return "+".join("compile-default" if part.removeprefix("compile-") in TUNED_MODES else part
                     for part in engine.split("+")
                     if part not in (BF16_WEIGHTS, PER_WEIGHT_UPDATE, BF16_MOMENTS,
