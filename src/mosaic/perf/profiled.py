@@ -804,7 +804,8 @@ class ProfiledModel(PerfModel):
 
     def _engine_summary(self) -> str:
         if self.engine_term is not None:
-            return self.engine_term.describe()
+            shared = self.engine_term.engine != self.engine
+            return self.engine_term.describe() + (f", for {self.engine}" if shared else "")
         return (f"engine term: none fitted for {self.engine!r}" if self.engine
                 else "engine term: none (no engine kind given)")
 
