@@ -206,20 +206,27 @@ def test_nccl_processes_clip_the_global_norm_as_one_process_does(tmp_path):
         check_case(tmp_path, name, toy, plan, 2, reference, rtol=1e-3, atol=1e-4)
 
 
-def test_real_data_pinned_on_threads_leaves_the_optimizers_capture_whole():
+@pytest.mark.parametrize("background_saves", [False, True])
+def test_real_data_pinned_on_threads_leaves_the_optimizers_capture_whole(tmp_path,
+                                                                        background_saves):
     """Real data comes through the row threads, which pin each step's rows (engine/rows.py);
     the optimizer captures its step a few steps in. Pinning from another thread during that
     capture made it fail and killed the run (`mosaic train clip --preset small --data
-    digits`, fp32, H200, 2026-12-04): the run trains, and its optimizer step is captured."""
+    digits`, fp32, H200, 2026-12-04): the run trains, and its optimizer step is captured;
+    with a checkpoint written in the background after every step too (its writer thread
+    must make no CUDA call while the optimizer captures)."""
     import warnings
 
+    from mosaic.engine.checkpoint import CheckpointConfig
     from mosaic.zoo import get_model
 
     plan = one_gpu_plans(get_model("clip").graph("small"))["temporal"]
+    saves = (CheckpointConfig(directory=str(tmp_path), every_steps=1, background=True)
+             if background_saves else None)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         result = train(TrainConfig(model="clip", preset="small", plan=plan, steps=10,
                                    warmup_steps=1, data="digits", device="cuda",
-                                   progress=False))
+                                   progress=False, checkpoint=saves))
     assert len(result.steps) == 10
     assert not [w for w in caught if "capture failed" in str(w.message)]
