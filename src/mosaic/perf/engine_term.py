@@ -478,9 +478,12 @@ def bf16_family(engine: str) -> str | None:
     parts = engine.split("+")
     if BF16_WEIGHTS not in parts:
         return None
-    kept = parts[:parts.index(BF16_WEIGHTS) + 1]
-    return "+".join("compile-default" if p.removeprefix("compile-") in TUNED_MODES else p
-                    for p in kept)
+    return "+".join(map(_untuned, parts[:parts.index(BF16_WEIGHTS) + 1]))
+
+
+def _untuned(part: str) -> str:
+    """An engine-kind part with a tuned compile mode read as the default one."""
+    return "compile-default" if part.removeprefix("compile-") in TUNED_MODES else part
 
 
 def term_engine(engine: str) -> str:
@@ -489,8 +492,7 @@ def term_engine(engine: str) -> str:
     changes which kernels run, not the per-step host work that the term fits), and bf16
     weights, updated either way, as fp32 ones (the same launches; what they save or add is in
     the composed time: perf/profiled.py)."""
-    return "+".join("compile-default" if part.removeprefix("compile-") in TUNED_MODES else part
-                    for part in engine.split("+")
+    return "+".join(_untuned(part) for part in engine.split("+")
                     if part not in (BF16_WEIGHTS, PER_WEIGHT_UPDATE, BF16_MOMENTS,
                                     NO_MAIN_WEIGHTS))
 
