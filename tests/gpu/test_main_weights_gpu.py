@@ -319,15 +319,23 @@ def test_bf16_moments_in_the_captured_compiled_step_follow_fp32_moments():
     assert float(relative.abs().mean()) < 2 ** -6  # a few rounding steps of noise, no more
 
 
-def _bf16_moments_after(steps: int, device: str) -> dict[str, torch.Tensor]:
+def stepped_bf16_weight(optimizer_class, steps: int, device: str):
+    """(optimizer, weight): one bf16 weight with bf16 moments stepped `steps` times by
+    `optimizer_class` on `device`, its gradients drawn on the CPU from seeds (equal on every
+    device) and written in place, as the backward graphs leave them."""
     torch.manual_seed(0)
     weight = nn.Parameter(torch.randn(512, 256).to(device=device, dtype=torch.bfloat16))
     weight.grad = torch.empty_like(weight)
-    optimizer = MainWeightsAdamW([weight], 1e-3, moments="bf16")
+    optimizer = optimizer_class([weight], 1e-3, moments="bf16")
     for step in range(steps):
         generator = torch.Generator().manual_seed(step)
         weight.grad.copy_(torch.randn(weight.shape, generator=generator))
         optimizer.step()
+    return optimizer, weight
+
+
+def _bf16_moments_after(steps: int, device: str) -> dict[str, torch.Tensor]:
+    optimizer, weight = stepped_bf16_weight(MainWeightsAdamW, steps, device)
     return {k: optimizer.state[weight][k].float().cpu() for k in ("exp_avg", "exp_avg_sq")}
 
 

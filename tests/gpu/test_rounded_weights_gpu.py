@@ -14,6 +14,7 @@ from mosaic.engine.main_weights import MainWeightsAdamW
 from mosaic.engine.rounded_weights import RoundedWeightsAdamW
 from mosaic.engine.session import EngineConfig
 from mosaic.zoo import get_model
+from tests.gpu.test_main_weights_gpu import stepped_bf16_weight
 from tests.test_engine import one_gpu_plans
 
 pytestmark = pytest.mark.gpu
@@ -21,15 +22,7 @@ STEPS = 6
 
 
 def _rounded_after(steps: int, device: str) -> tuple[RoundedWeightsAdamW, nn.Parameter]:
-    torch.manual_seed(0)
-    weight = nn.Parameter(torch.randn(512, 256).to(device=device, dtype=torch.bfloat16))
-    weight.grad = torch.empty_like(weight)
-    optimizer = RoundedWeightsAdamW([weight], 1e-3, moments="bf16")
-    for step in range(steps):
-        generator = torch.Generator().manual_seed(step)
-        weight.grad.copy_(torch.randn(weight.shape, generator=generator))
-        optimizer.step()
-    return optimizer, weight
+    return stepped_bf16_weight(RoundedWeightsAdamW, steps, device)
 
 
 def test_the_update_is_one_kernel_captured_and_rounds_as_on_the_cpu():
