@@ -413,8 +413,21 @@ MFU_TARGET_MODELS = ("unified-io-2", "ofasys")
 
 
 def _mfu_cell(report: dict[str, Any], mosaic: dict[str, Any] | None) -> str:
+    """MFU of the steps read one at a time, and, where the run measured it, of the steps run
+    in flight (as a training loop runs them); each against the target where there is one."""
     value = mfu(report, mosaic)
-    if value is None or report["preset"] != "paper" or report["model"] not in MFU_TARGET_MODELS:
+    targeted = report["preset"] == "paper" and report["model"] in MFU_TARGET_MODELS
+    if value is None:
+        return pct(value, signed=False)
+    cell = _mfu_value(value, targeted)
+    if mosaic.get("in_flight_median_s"):
+        in_flight = value * mosaic["measured_iteration_s"] / mosaic["in_flight_median_s"]
+        cell += f" (in flight {_mfu_value(in_flight, targeted)})"
+    return cell
+
+
+def _mfu_value(value: float, targeted: bool) -> str:
+    if not targeted:
         return pct(value, signed=False)
     return f"{100 * value:.2f}% {'✓' if value >= MFU_TARGET else '✗'}"
 
@@ -608,7 +621,7 @@ def targets_one_gpu(results: Path, arg: str | None) -> str:
               f"vs torch-compile (≥{SPEEDUP_VS_USER:.2f}x)",
               f"mosaic's plan behind the best plan (4x: ≤{PLAN_WITHIN:.0%})",
               f"mosaic MFU (of {PEAK_TFLOPS:.0f} TF/s; `paper` {', '.join(MFU_TARGET_MODELS)}: "
-              f"≥{MFU_TARGET:.0%})",
+              f"≥{MFU_TARGET:.0%}; in flight: steps run back to back, where measured)",
               "mosaic with bf16 weights (`--engine-variant bf16_weights=true`), same run "
               "(else the newest run with it, named)",
               "mosaic `--autotune K`, same run (else the newest run with it, named)"]

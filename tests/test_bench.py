@@ -36,6 +36,7 @@ def test_bench_measures_every_plan_and_reports_ratios(tmp_path):
     # On a CPU the host computes as it launches: launching is nearly the whole step.
     assert all(len(m.launch_times_s) == 4 and 0.5 < m.summary()["host_launch_share"] <= 1.01
                for m in measurements)
+    assert all(len(m.in_flight_step_times_s) == 2 for m in measurements)  # one a round
     assert {e["module"] for e in measurements[1].timeline} == set(graph.names)
     assert checks["gradients"]["reference"] == "torch-eager"
     seconds = [p["s"] for p in checks["phases"]]  # the start-up's phases, in order
@@ -50,6 +51,10 @@ def test_bench_measures_every_plan_and_reports_ratios(tmp_path):
     assert row["predicted_memory_bytes"] == max(gpu_memory_bytes(measurements[1].plan, graph)
                                                 .values()) > 0
     assert report["results"][2]["predicted_memory_bytes"] is None  # a user program: no plan
+    assert row["mfu_in_flight"] == pytest.approx(
+        row["mfu"] * row["measured_iteration_s"] / row["in_flight_median_s"])
+    assert row["speedup_in_flight_vs"]["torch-eager"] == pytest.approx(
+        report["results"][2]["in_flight_median_s"] / row["in_flight_median_s"])
     assert report["mosaic_speedup_vs_best_baseline"] == pytest.approx(
         measurements[0].median_s / measurements[1].median_s)
 

@@ -289,3 +289,18 @@ def test_memory_peaks_sets_the_memory_model_beside_the_trained_peaks(tmp_path):
     predicted = render._one_gpu_memory_bytes("clip", "small", 32) / 2**30
     assert row == (f"| clip | small | 32 | fp32 | 2 | 3.0 | {predicted:.1f} | "
                    f"{render.pct(predicted / 3 - 1)} |")
+
+
+@pytest.mark.parametrize("preset, model, expected", [
+    ("paper", "unified-io-2", "30.00% ✗ (in flight 36.00% ✓)"),
+    ("small", "clip", "30.0% (in flight 36.0%)"),
+])
+def test_the_mfu_cell_adds_the_steps_run_in_flight_each_against_the_target(preset, model,
+                                                                           expected):
+    """MFU from the per-step median, and from the in-flight window's step where the run
+    measured one (results before it have none: the cell is as it was)."""
+    flops = 0.3 * 989 * 0.06  # 30% of the datasheet peak at a 60 ms step
+    report = {"preset": preset, "model": model, "gpus": 1, "model_tflop_per_iteration": flops}
+    row = {"measured_iteration_s": 0.06, "in_flight_median_s": 0.05}
+    assert render._mfu_cell(report, row) == expected
+    assert "in flight" not in render._mfu_cell(report, {"measured_iteration_s": 0.06})

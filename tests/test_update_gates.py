@@ -240,6 +240,44 @@ def test_a_deferred_contender_is_timed_from_the_end_of_its_step_before(monkeypat
     assert settled == [False] and optimizer.defer is False
 
 
+@pytest.mark.parametrize("loss", [1.0, float("nan")])
+def test_steps_in_flight_are_read_once_and_their_window_holds_the_last_update(monkeypatch, loss):
+    """The in-flight window: steps and updates launched back to back between two marks, the
+    deferred update waited for before the end mark (the window holds all of it), the summed
+    losses read once after; a non-finite loss in any step is refused."""
+    from types import SimpleNamespace
+
+    from mosaic.engine import measure
+
+    optimizer = _gated_optimizer()
+    events = []
+    monkeypatch.setattr(optimizer, "settle", lambda: events.append(("settle", optimizer.defer)))
+    monkeypatch.setattr(optimizer, "step", lambda: events.append("update"))
+
+    class Timer:
+        def mark(self):
+            events.append("mark")
+
+        def seconds(self, start, end):
+            return 0.05
+
+    def step():
+        events.append("step")
+        return torch.tensor(loss if len(events) > 3 else 1.0)
+
+    s = SimpleNamespace(optimizer=None, timer=Timer(), contenders={}, params=[],
+                        device=torch.device("cpu"))
+    c = SimpleNamespace(label="gated", optimizer=optimizer, step=step,
+                        session=SimpleNamespace(runner=SimpleNamespace(grads_stay_put=True)))
+    if loss != loss:
+        with pytest.raises(measure.BenchError, match="'gated': loss became non-finite"):
+            measure._in_flight_step(s, c, 5)
+        return
+    assert measure._in_flight_step(s, c, 5) == pytest.approx(0.01)
+    assert events == (["mark"] + ["step", "update"] * 5
+                      + [("settle", True), "mark", ("settle", False)])
+
+
 def test_the_update_streams_sms_are_a_whole_number_for_the_gated_update_only():
     from mosaic.engine.measure import BenchError, parse_variant
     from mosaic.engine.session import EngineConfig, SessionError

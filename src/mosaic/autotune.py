@@ -204,11 +204,12 @@ def _mosaic_alternatives(graph: MMGraph, cluster: ClusterSpec, perf: PerfModel,
 
 # --- measuring -----------------------------------------------------------------------------
 def _bench_config(config: AutotuneConfig) -> BenchConfig:
-    """Brief: the plans alone (no user programs), no NVML pass; gradients still checked, so a
-    plan that computes something else can never win."""
+    """Brief: the plans alone (no user programs), no NVML pass, no steps in flight (it keeps
+    the plan of the lowest per-step median); gradients still checked, so a plan that computes
+    something else can never win."""
     return BenchConfig(rounds=config.rounds, steps_per_round=config.steps_per_round,
                        warmup_steps=config.warmup_steps, engine=config.engine, user_programs=(),
-                       nvml_seconds=0.0, seed=config.seed)
+                       nvml_seconds=0.0, in_flight_steps=0, seed=config.seed)
 
 
 def _records(measured: list[PlanMeasurement], aliases: dict[str, list[str]]

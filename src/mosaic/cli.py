@@ -949,6 +949,9 @@ def bench(
     rounds: Annotated[int, typer.Option(help="interleaved rounds")] = 6,
     steps_per_round: Annotated[int, typer.Option(help="timed steps per plan per round")] = 5,
     warmup: Annotated[int, typer.Option(help="untimed steps per plan first")] = 5,
+    in_flight_steps: Annotated[int, typer.Option(
+        min=0, help="per round, also time this many steps of each contender back to back, "
+        "read once at the end, as a training loop that logs every N steps (0: none)")] = 10,
     graphs: Annotated[bool, typer.Option(help="per-module CUDA graphs")] = True,
     compile_mode: Annotated[str, typer.Option("--compile", help="Inductor per module before capture: auto (default on a GPU, none on CPU) | default | max-autotune-gemm (GEMMs tuned) | max-autotune-no-cudagraphs | none")] = "auto",
     compile_scope: CompileScopeOption = CompileScopeName.module,
@@ -998,6 +1001,7 @@ def bench(
     torch.compile), in one run: measured vs predicted, gradients checked equal first."""
     if cpu_smoke:
         rounds, steps_per_round, warmup, graphs = 1, 1, 1, False
+        in_flight_steps = min(in_flight_steps, 2)
     elif not _has_cuda():  # refuse now, not after planning and building
         _fail("mosaic bench measures on CUDA GPUs and this machine has none; run it on a GPU "
               "machine, or pass --cpu-smoke to check on CPU that it runs")
@@ -1020,6 +1024,7 @@ def bench(
     names = [n.strip() for n in planners.split(",") if n.strip()]
     users = tuple(n.strip() for n in user_programs.split(",") if n.strip() not in ("", "none"))
     config = BenchConfig(rounds=rounds, steps_per_round=steps_per_round, warmup_steps=warmup,
+                         in_flight_steps=in_flight_steps,
                          engine=EngineConfig(graphs=graphs, compile=_compile_mode(compile_mode),
                                              compile_scope=str(compile_scope),
                                              grad_sync=grad_sync, reduce_dtype=reduce_dtype,

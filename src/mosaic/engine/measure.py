@@ -13,6 +13,12 @@ the same run (the two user programs, eager and compiled, are the same math in di
 kernels: their gradient difference is the noise floor). A plan that drops or scales a
 module's gradients is refused, not measured.
 
+Each round also runs every contender's steps in flight: a window of steps launched back to back,
+read once at its end, as a training loop that logs every N steps runs them (`mosaic train`
+does). Its mean step is reported beside the per-step median, with its own MFU and speedups;
+the per-step median (a sync after each step, so the host's gap before each step is in it)
+stays what the performance model is fitted on and what earlier results measured.
+
 One process per GPU: run under `torchrun --nproc-per-node N` for N-GPU plans (gloo on CPU for a
 logic check, NCCL on GPUs). A step's time is the slowest rank's.
 """
@@ -184,6 +190,11 @@ class BenchConfig:
     seed: int = 0
     nvml_seconds: float = 1.0
     """Seconds of extra steps per contender while NVML samples GPU utilisation (0: skip)."""
+    in_flight_steps: int = 10
+    """Per round, after its steps read one at a time, each contender runs this many steps back
+    to back with no sync between them, as a training loop that reads its loss every N steps
+    does (0: none). The per-step times (`median_s`) keep the sync after every step: the
+    performance model is fitted on those, and they hold the host's gap before each step."""
     plans_at_once: int | None = None
     """None: every plan set up, captured and timed side by side (interleaved rounds). N: the
     plans in groups of N, each group built afresh from the same seed, measured, and released
@@ -201,6 +212,8 @@ class BenchConfig:
         for name in ("rounds", "steps_per_round"):
             if getattr(self, name) < 1:
                 raise BenchError(f"{name}={getattr(self, name)} must be >= 1")
+        if self.in_flight_steps < 0:
+            raise BenchError(f"in_flight_steps={self.in_flight_steps} must be >= 0 (0: none)")
         unknown = set(self.user_programs) - set(USER_PROGRAMS)
         if unknown:
             raise BenchError(f"user_programs {sorted(unknown)}; choose from {list(USER_PROGRAMS)}")
@@ -217,6 +230,9 @@ class PlanMeasurement:
     launch_times_s: list[float] = field(default_factory=list)
     """Per timed step, the slowest rank's host seconds from the step's start until its
     optimizer step was launched: near the step time, the host is what bounds the step."""
+    in_flight_step_times_s: list[float] = field(default_factory=list)
+    """Per round, the mean step of BenchConfig.in_flight_steps steps run back to back (the
+    slowest rank's window over its steps); empty when none were run."""
     pool: dict[str, Any] = field(default_factory=dict)
     timeline: list[dict[str, Any]] = field(default_factory=list)
     """Each module's forward and backward start and end, seconds from the step's start (the
@@ -262,10 +278,16 @@ class PlanMeasurement:
             "graph_memory_bytes": self.graph_memory_bytes,
             "graph_reserved_bytes": self.graph_reserved_bytes,
             "graph_pool_bytes": self.graph_pool_bytes, "torch_trace": self.torch_trace,
-            **self._launch_summary(),
+            **self._launch_summary(), **self._in_flight_summary(),
             "traced_step": [{**e, "start_s": round(e["start_s"], 7), "end_s": round(e["end_s"], 7)}
                             for e in self.timeline],
         }
+
+    def _in_flight_summary(self) -> dict[str, Any]:
+        if not self.in_flight_step_times_s:
+            return {"in_flight_median_s": None, "in_flight_windows": 0}
+        return {"in_flight_median_s": float(np.median(self.in_flight_step_times_s)),
+                "in_flight_windows": len(self.in_flight_step_times_s)}
 
     def _launch_summary(self) -> dict[str, Any]:
         if not self.launch_times_s:
@@ -743,17 +765,30 @@ def _round_groups(s: _Setup, config: BenchConfig) -> list[list[str]]:
     return [group for group in (plans, users) if group]
 
 
-def _timed_rounds(s: _Setup, config: BenchConfig) -> dict[str, list[tuple[float, float]]]:
-    """Per label, (step seconds, host launch seconds) of every timed step."""
-    times: dict[str, list[tuple[float, float]]] = {label: [] for label in s.contenders}
+@dataclass(slots=True)
+class _Timings:
+    """What the timed rounds measured, per label."""
+
+    steps: dict[str, list[tuple[float, float]]]
+    """(step seconds, host launch seconds) of every step read one at a time."""
+    in_flight: dict[str, list[float]]
+    """Per round, the mean step of a window of steps run back to back."""
+
+
+def _timed_rounds(s: _Setup, config: BenchConfig) -> _Timings:
+    """Every contender's timed steps, its labels' order rotated each round."""
+    timings = _Timings({label: [] for label in s.contenders}, {label: [] for label in s.contenders})
     for labels in _round_groups(s, config):
         for label in labels:
             for _ in range(_warmup_steps(s, s.contenders[label], config)):
                 _one_step(s, s.contenders[label])
         for r in range(config.rounds):
             for label in labels[r % len(labels):] + labels[:r % len(labels)]:
-                times[label] += _timed_steps(s, s.contenders[label], config.steps_per_round)
-    return times
+                c = s.contenders[label]
+                timings.steps[label] += _timed_steps(s, c, config.steps_per_round)
+                if config.in_flight_steps:
+                    timings.in_flight[label].append(_in_flight_step(s, c, config.in_flight_steps))
+    return timings
 
 
 def _timed_steps(s: _Setup, c: _Contender, steps: int) -> list[tuple[float, float]]:
@@ -767,6 +802,36 @@ def _timed_steps(s: _Setup, c: _Contender, steps: int) -> list[tuple[float, floa
             return [_one_step(s, c) for _ in range(steps)]
         _one_step(s, c)
         return [_one_step(s, c, since=c.last_end) for _ in range(steps)]
+
+
+def _in_flight_step(s: _Setup, c: _Contender, steps: int) -> float:
+    """Seconds a step of `steps` steps launched back to back on the slowest rank: the host
+    runs ahead of the GPU, as in a training loop that reads its loss every N steps, so what
+    the host does between steps hides under the GPU's work. The window starts idle (after a
+    sync), so it holds one step's launch latency, and ends when the last step's update is
+    done; the losses are summed on the GPU (as a loop that logs their mean) and read once."""
+    optimizer = c.optimizer or s.optimizer
+    with _updates_deferred(s, c) as deferred:
+        try:
+            start, total = s.timer.mark(), None
+            for _ in range(steps):
+                _zero_grads(s)
+                loss = c.step().detach().float()
+                total = loss if total is None else total + loss
+                if optimizer is not None:
+                    optimizer.step()
+            if deferred:
+                optimizer.settle()
+            seconds = s.timer.seconds(start, s.timer.mark())
+            finite = math.isfinite(total.item())
+        except RuntimeError as error:
+            _name(error, c.label, f"while timing {steps} steps in flight (the fault is in one "
+                  "of them)")
+            raise
+    if not finite:
+        raise BenchError(f"{c.label!r}: loss became non-finite; lower --lr")
+    (slowest,) = _world_sum([seconds], s.device, op="max")
+    return slowest / steps
 
 
 @contextlib.contextmanager
@@ -997,14 +1062,16 @@ def _measure_group(model, preset: str, graph: MMGraph, plans: dict[str, Plan], g
             errors, checks["gradients"] = _checked_gradients(s, graph.names, reference)
             progress.say(s, "gradients checked (user programs compiled)")
         _check_losses("after compile and CUDA-graph capture", _losses(s), reference)
-        times = _timed_rounds(s, config)
+        timings = _timed_rounds(s, config)
         peak = _peak_and_reset(s)
         checks["peak_memory_bytes"] = (None if peak is None else  # the fullest rank's
                                        int(_world_sum([float(peak)], s.device, "max")[0]))
         progress.say(s, f"{config.rounds} timed round(s) done")
         results = [PlanMeasurement(
-            label=label, plan=plans.get(label), step_times_s=[step for step, _ in times[label]],
-            launch_times_s=[launch for _, launch in times[label]],
+            label=label, plan=plans.get(label),
+            step_times_s=[step for step, _ in timings.steps[label]],
+            launch_times_s=[launch for _, launch in timings.steps[label]],
+            in_flight_step_times_s=timings.in_flight[label],
             pool=c.session.pool.describe() if c.session else {}, grad_error=errors.get(label, {}),
             startup_s=c.startup_s, engine_variant=variants.get(label) or None,
             graph_memory_bytes=c.graph_memory_bytes, graph_reserved_bytes=c.graph_reserved_bytes,
@@ -1196,11 +1263,28 @@ def environment(device_name: str | None = None) -> dict[str, Any]:
     }
 
 
+def _ratio(slower: float | None, faster: float | None) -> float | None:
+    return slower / faster if slower and faster else None
+
+
+def _in_flight_row(m: PlanMeasurement, in_flight: dict[str, float | None], flops: float,
+                   peak_flops: float) -> dict[str, Any]:
+    """A contender's in-flight step as MFU (of the datasheet peak) and as speedups over the
+    others' in-flight steps; nothing where its steps were not run in flight."""
+    mine = in_flight[m.label]
+    if mine is None:
+        return {}
+    return {"mfu_in_flight": flops / (peak_flops * mine),
+            "speedup_in_flight_vs": {b: in_flight[b] / mine for b in (*BASELINES, *USER_PROGRAMS)
+                                     if in_flight.get(b)}}
+
+
 def bench_report(graph: MMGraph, measurements: list[PlanMeasurement], gpu: GPUSpec,
                  preset: str, num_gpus: int) -> dict[str, Any]:
     """The results object of `mosaic bench`: per contender (plan or user program) the median
     and spread of its step times, prediction and error, MFU, speedups and gradient error."""
     medians = {m.label: m.median_s for m in measurements}
+    in_flight = {m.label: m.summary()["in_flight_median_s"] for m in measurements}
     flops = graph.total_flops()
     rows = []
     for m in measurements:
@@ -1218,6 +1302,7 @@ def bench_report(graph: MMGraph, measurements: list[PlanMeasurement], gpu: GPUSp
                "plan": m.plan.to_dict() if m.plan else None}
         if predicted:
             row["prediction_error"] = predicted / m.median_s - 1
+        row.update(_in_flight_row(m, in_flight, flops, num_gpus * gpu.datasheet_bf16_flops))
         rows.append(row)
     baselines = [medians[b] for b in BASELINES if b in medians]
     best = min(baselines) if baselines else None
@@ -1231,5 +1316,7 @@ def bench_report(graph: MMGraph, measurements: list[PlanMeasurement], gpu: GPUSp
         "mosaic_speedup_vs_best_baseline": best / mosaic if best and mosaic else None,
         "mosaic_speedup_vs_torch_compile": (medians["torch-compile"] / mosaic
                                             if mosaic and "torch-compile" in medians else None),
+        "mosaic_speedup_vs_torch_compile_in_flight": _ratio(in_flight.get("torch-compile"),
+                                                            in_flight.get("mosaic")),
         "results": rows,
     }

@@ -55,11 +55,19 @@ def write_bench_timelines(report: dict, measurements, out: Path) -> None:
             write_chrome_trace(events, Path(out) / f"{stem}.trace.json")
 
 
+def _in_flight_cell(row: dict) -> str:
+    """The step run in flight and its MFU (results before it was measured have neither)."""
+    if row.get("in_flight_median_s") is None:
+        return "-"
+    return f"{row['in_flight_median_s'] * 1e3:.2f} ms ({row['mfu_in_flight'] * 100:.1f}%)"
+
+
 def print_bench_table(report: dict) -> None:
     table = Table(title=(f"{report['model']} ({report['preset']}, batch {report['global_batch']}) "
                          f"on {report['gpus']} x {report['hardware']}"))
     for column in ("planner", "measured (median)", "p10-p90", "predicted", "error",
-                   "vs best baseline", "samples/s", "MFU", "GPU util", "launch/step", "quotas"):
+                   "vs best baseline", "samples/s", "MFU", "in flight (MFU)", "GPU util",
+                   "launch/step", "quotas"):
         table.add_column(column, justify="left" if column == "planner" else "right")
     best = report.get("best_baseline_s")
     for r in report["results"]:
@@ -71,12 +79,12 @@ def print_bench_table(report: dict) -> None:
             f"{r['predicted_iteration_s'] * 1e3:.2f} ms" if r["predicted_iteration_s"] else "-",
             f"{error * 100:+.1f}%" if error is not None else "-",
             f"{best / r['measured_iteration_s']:.2f}x" if best else "-",
-            f"{r['samples_per_s']:.1f}", f"{r['mfu'] * 100:.1f}%",
+            f"{r['samples_per_s']:.1f}", f"{r['mfu'] * 100:.1f}%", _in_flight_cell(r),
             f"{util * 100:.0f}%" if util is not None else "-",
             f"{r['host_launch_share']:.0%}" if r.get("host_launch_share") is not None else "-",
             "enforced" if r["quotas_enforced"] else r["pool_backend"],
         )
-    console = Console(width=160)
+    console = Console(width=184)
     console.print(table)
     console.print(f"{report['date']}  torch {report['torch']}  perf model: "
                   f"{report.get('perf_model', '-')}", markup=False)  # "[alpha=...]" is text
