@@ -36,6 +36,12 @@ def test_graphed_plans_survive_the_reduce_overhead_user_program():
     print({label: round(1e3 * s, 2) for label, s in medians.items()}, checks["gradients"])
     assert set(medians) == {"temporal", "partition", "torch-eager", "torch-compile"}
     assert all(math.isfinite(s) and s > 0 for s in medians.values())
+    # Steps in flight: the reduce-overhead program's loss is a CUDA-graph-tree output that
+    # its next replay overwrites; the window sums it into a tensor of its own.
+    in_flight = {m.label: m.summary()["in_flight_median_s"] for m in measurements}
+    print("in flight, ms:", {label: round(1e3 * s, 2) for label, s in in_flight.items()})
+    assert all(len(m.in_flight_step_times_s) == 2 and in_flight[m.label] > 0
+               for m in measurements)
     held = {m.label: m.graph_memory_bytes for m in measurements}
     print("graph memory, MiB:", {k: v and round(v / 2**20) for k, v in held.items()},
           "peak, GiB:", [p / 2**30 for p in checks["peak_memory_bytes"]])

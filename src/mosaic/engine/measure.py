@@ -813,11 +813,12 @@ def _in_flight_step(s: _Setup, c: _Contender, steps: int) -> float:
     optimizer = c.optimizer or s.optimizer
     with _updates_deferred(s, c) as deferred:
         try:
-            start, total = s.timer.mark(), None
+            # Summed into a tensor of its own: a graphed step's loss is a static output that
+            # its next replay overwrites (torch.compile's CUDA graph trees refuse a read then).
+            start, total = s.timer.mark(), torch.zeros((), device=s.device)
             for _ in range(steps):
                 _zero_grads(s)
-                loss = c.step().detach().float()
-                total = loss if total is None else total + loss
+                total += c.step().detach().float().sum()
                 if optimizer is not None:
                     optimizer.step()
             if deferred:
