@@ -1,4 +1,4 @@
-"""Would the bf16 update a weight at a time run faster spread over several captured streams?
+"""Would the bf16 update a weight at a time run faster over several streams, or grouped?
 
 The profiler finds Unified-IO 2 `paper`'s LLM updated a weight at a time (339 launches, bf16
 moments, no main weights) 13% slower than in one launch over flat buffers: 14.37 against
@@ -8,19 +8,26 @@ them. Before the engine does that (it would edit the update's code, whose every 
 then needs profiling again), this measures it: the module's weights as the zoo builds them,
 RoundedWeightsAdamW's step (bf16 moments) with its launches dealt round-robin over N streams
 (N = 1 is the engine's), captured as the engine captures it; and the flat update over the same
-weights (no gradient copy counted). GPU time per step: profile/main_weights.py timed_s.
+weights (no gradient copy counted). And grouped: the same launches' kernels, weights of one
+shape taken K at a time into one compiled function with Inductor's combo kernels on, which
+puts up to 8 independent pointwise kernels into one launch (K = 1: the engine's); a
+transformer's layers repeat their shapes, so a few compiles serve every layer. GPU time per
+step: profile/main_weights.py timed_s.
 
-    PYTHONPATH=src python benchmarks/update_streams.py unified-io-2 paper llm --lanes 1,2,4 --out X.json
+    PYTHONPATH=src python benchmarks/update_streams.py unified-io-2 paper llm --lanes 1,2,4 \
+        --groups 4,8 --out X.json
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 
 import torch
 
-from mosaic.engine.rounded_weights import RoundedWeightsAdamW
+from mosaic.engine.compile import raise_recompile_limit
+from mosaic.engine.rounded_weights import RoundedWeightsAdamW, _rounded_update
 from mosaic.profile.main_weights import (
     bf16_params,
     cast_zoo_modules,
@@ -71,6 +78,47 @@ class LanedRoundedWeightsAdamW(RoundedWeightsAdamW):
         return launch
 
 
+def _group_update(runs, *scalars, beta1: float, beta2: float, eps: float,
+                  weight_decay: float) -> None:
+    for grad, exp_avg, exp_avg_sq, weight in runs:
+        _rounded_update(grad, exp_avg, exp_avg_sq, weight, *scalars, beta1=beta1, beta2=beta2,
+                        eps=eps, weight_decay=weight_decay)
+
+
+@functools.lru_cache(maxsize=8)
+def _group_update_fn(device_type: str, beta1: float, beta2: float, eps: float,
+                     weight_decay: float):
+    update = functools.partial(_group_update, beta1=beta1, beta2=beta2, eps=eps,
+                               weight_decay=weight_decay)
+    if device_type != "cuda":
+        return update
+    raise_recompile_limit()
+    return torch.compile(update, dynamic=False, options={"combo_kernels": True})
+
+
+class GroupedRoundedWeightsAdamW(RoundedWeightsAdamW):
+    """RoundedWeightsAdamW whose launches are queued, then run `group` same-shaped ones at a
+    time through one compiled function (combo kernels): the same arithmetic and rounding
+    bits per weight (they depend on the element's index within its weight, not on the
+    launch), in fewer launches."""
+
+    group = 1
+
+    def _bf16_step(self) -> None:
+        self._queued: dict[tuple, list[tuple]] = {}
+        super()._bf16_step()
+        update = _group_update_fn(*self._constants[:5])
+        for launches in self._queued.values():
+            for start in range(0, len(launches), self.group):
+                chunk = launches[start:start + self.group]
+                update(tuple(args[:4] for args in chunk), *chunk[0][4:])
+
+    def _kernel(self, length: int):
+        def queue(*args) -> None:
+            self._queued.setdefault(tuple(args[0].shape), []).append(args)
+        return queue
+
+
 def _laned_step_s(params: list[torch.nn.Parameter], grads: list[torch.Tensor],
                   lanes: int) -> tuple[float, bool]:
     """GPU seconds of one captured step with `lanes` streams, and whether it was captured."""
@@ -82,7 +130,18 @@ def _laned_step_s(params: list[torch.nn.Parameter], grads: list[torch.Tensor],
     return seconds, bool(optimizer.graphs)
 
 
-def measure(model: str, preset: str, module: str, lanes: list[int]) -> dict:
+def _grouped_step_s(params: list[torch.nn.Parameter], grads: list[torch.Tensor],
+                    group: int) -> tuple[float, bool]:
+    for p, g in zip(params, grads, strict=True):
+        p.grad = g
+    optimizer = type(f"Grouped{group}", (GroupedRoundedWeightsAdamW,), {"group": group})(
+        params, 1e-5, moments="bf16")
+    seconds = timed_s(optimizer.step, params[0].device)
+    return seconds, bool(optimizer.graphs)
+
+
+def measure(model: str, preset: str, module: str, lanes: list[int],
+            groups: list[int] = ()) -> dict:
     fresh_kernel_budget()
     _, modules = cast_zoo_modules(model, preset, "cuda")
     params = bf16_params(modules[module])
@@ -95,6 +154,11 @@ def measure(model: str, preset: str, module: str, lanes: list[int]) -> dict:
         seconds, captured = _laned_step_s(params, grads, n)
         rows[f"a weight at a time, {n} stream(s)"] = {"gpu_ms": seconds * 1e3,
                                                      "captured": captured}
+        torch.cuda.empty_cache()
+    for k in groups:
+        seconds, captured = _grouped_step_s(params, grads, k)
+        rows[f"a weight at a time, {k} of a shape a launch"] = {"gpu_ms": seconds * 1e3,
+                                                                "captured": captured}
         torch.cuda.empty_cache()
     rows["flat, one launch"] = {"gpu_ms": update_s(params, flat_views(params), moments="bf16",
                                                    fp32_main_weights=False) * 1e3,
@@ -110,10 +174,13 @@ def main() -> None:
     parser.add_argument("preset")
     parser.add_argument("module")
     parser.add_argument("--lanes", default="1,2,4")
+    parser.add_argument("--groups", default="4,8",
+                        help="weights of one shape a combo-kernel launch (empty: none)")
     parser.add_argument("--out")
     args = parser.parse_args()
     result = measure(args.model, args.preset, args.module,
-                     [int(n) for n in args.lanes.split(",")])
+                     [int(n) for n in args.lanes.split(",")],
+                     [int(k) for k in args.groups.split(",") if k])
     print(f"{result['model']} {result['preset']} {result['module']}: {result['weights']} "
           f"bf16 weights, {result['parameters'] / 1e9:.2f} B parameters")
     for name, row in result["rows"].items():

@@ -102,3 +102,77 @@ def test_trace_overlap_counts_the_matched_kernels_time_beside_other_streams():
     assert streams["9"]["matched_ms"] == pytest.approx(0.11)
     assert streams["9"]["matched_beside_other_streams_ms"] == pytest.approx(0.05)
     assert streams["7"]["matched_ms"] == 0.0 and streams["9"]["matched_count"] == 2
+
+
+def _script(name: str, monkeypatch):
+    path = Path(__file__).parents[1] / "benchmarks" / f"{name}.py"
+    monkeypatch.syspath_prepend(str(path.parent))
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("value", [300.0, 1.3, 0.021, -0.0037, 1e-3])
+def test_the_fp8_probes_stochastic_rounding_is_unbiased_above_and_below_the_normals(
+        value, monkeypatch):
+    """The 8-bit-moments probe's e4m3 rounding: every code representable, the mean of many
+    draws the value (normal range: within 2^-8 of a unit, the 8 bits' resolution; below
+    2^-6 on the subnormal grid), while rounding to nearest keeps one neighbour's error."""
+    import torch
+
+    probe = _script("fp8_moments_digits", monkeypatch)
+    x = torch.full((1 << 16,), value)
+    bits = torch.randint(0, 256, x.shape, dtype=torch.int32,
+                         generator=torch.Generator().manual_seed(0))
+    codes = probe.fp8_rounded(x, bits)
+    assert codes.dtype == torch.float8_e4m3fn and torch.isfinite(codes.float()).all()
+    unit = 2.0 ** (torch.floor(torch.log2(torch.tensor(abs(value)))) - 3).item()
+    unit = max(unit, probe.SUBNORMAL_STEP)
+    assert abs(codes.float().mean().item() - value) < unit / 64
+    assert len(set(codes.float().tolist())) == 2  # the value's two neighbours
+    nearest = probe.fp8_rounded(x, None).float()
+    assert len(set(nearest.tolist())) == 1 and abs(nearest[0].item() - value) > unit / 64
+
+
+def test_the_fp8_probes_blocks_keep_each_blocks_largest_moment(monkeypatch):
+    import torch
+
+    probe = _script("fp8_moments_digits", monkeypatch)
+    x = torch.cat([torch.linspace(-1e-3, 2e-3, 256), torch.linspace(0, 7.0, 256)])
+    codes, scale = probe.block_quantized(x, 256, None)
+    back = probe.dequantized(codes, scale, 256)
+    assert back[255].item() == pytest.approx(2e-3) and back[511].item() == pytest.approx(7.0)
+    assert torch.allclose(back, x, rtol=2 ** -4, atol=2e-3 * 2 ** -9)
+
+
+def test_the_grouped_update_probe_updates_every_weight_as_the_engine_does(monkeypatch):
+    """benchmarks/update_streams.py's combo-kernel variant queues the engine's launches and
+    runs them a few same-shaped weights at a time: on the CPU (uncompiled) the weights and
+    moments after two steps are the engine's, bit for bit."""
+    import torch
+
+    from mosaic.engine.rounded_weights import RoundedWeightsAdamW
+
+    probe = _script("update_streams", monkeypatch)
+    gen = torch.Generator().manual_seed(0)
+    shapes = [(8, 4), (8, 4), (3,), (8, 4), (5, 2), (3,)]
+
+    def stepped(cls):
+        params = [torch.nn.Parameter(torch.randn(s, generator=torch.Generator().manual_seed(i))
+                                     .bfloat16()) for i, s in enumerate(shapes)]
+        optimizer = cls(params, 1e-2, moments="bf16")
+        for step in range(2):
+            for i, p in enumerate(params):
+                p.grad = torch.randn(p.shape, generator=gen.manual_seed(10 * step + i)).bfloat16()
+            optimizer.step()
+        return params, optimizer
+
+    grouped_cls = type("Grouped2", (probe.GroupedRoundedWeightsAdamW,), {"group": 2})
+    engine, engine_opt = stepped(RoundedWeightsAdamW)
+    grouped, grouped_opt = stepped(grouped_cls)
+    for a, b in zip(engine, grouped, strict=True):
+        assert torch.equal(a, b)
+        assert torch.equal(engine_opt.state[a]["exp_avg_sq"], grouped_opt.state[b]["exp_avg_sq"])
+    assert sum(len(q) for q in grouped_opt._queued.values()) == len(shapes)
+    assert len(grouped_opt._queued) == 3  # three shapes
