@@ -14,7 +14,7 @@ scaling-sim[:DIR], variants:DIR, targets-1gpu, profile-recipe[:DB],
 step-fit:FILE,FILE[,...], kernel-time:FILE[,...], train-in-flight:DIR, train-summaries:DIR,
 guard-host-cost:FILE, autotune-choices:FILE, gate-misses[:DIR], main-weights-profile:DB,
 checkpoint-background:DIR, busy-fractions:FILE, memory-peaks:DIR[,DIR...],
-moments-digits:FILE, update-bits:FILE[,...].
+moments-digits:FILE, moments-drift:FILE, update-bits:FILE[,...].
 """
 
 from __future__ import annotations
@@ -1193,6 +1193,23 @@ def moments_digits(results: Path, arg: str | None) -> str:
             for name, seeds in run["runs"].items()]
     return table(["setting", "seeds", f"loss, mean of the last {run['tail_steps']} steps "
                   "(min-max)", "zero-shot accuracy, % (min-max)"], rows)
+
+
+@renderer("moments-drift")
+def moments_drift(results: Path, arg: str | None) -> str:
+    """benchmarks/fp8_moments_digits.py's JSON at results/ARG: per kind of moments and step of
+    the synthetic gradient stream, how far AdamW's update direction and the second moment's
+    root are from fp32 moments'."""
+    if not arg or not (results / arg).is_file() or "drift" not in load(results / arg):
+        raise RenderError("moments-drift needs fp8_moments_digits.py's JSON under results/")
+    run = load(results / arg)
+    rows = [[kind, str(point["step"]), pct(point["update_relative_l2"], signed=False),
+             pct(point["root_median_relative"], signed=False),
+             pct(point["roots_at_zero"], signed=False)]
+            for kind, points in run["drift"].items() for point in points]
+    return table(["moments", "step", "update direction vs fp32 moments' (relative L2)",
+                  "root of the second moment (median relative error)", "roots read as zero"],
+                 rows)
 
 
 @renderer("update-bits")
