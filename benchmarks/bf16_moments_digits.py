@@ -51,13 +51,19 @@ def run(setting: dict, seed: int, steps: int, batch: int, lr: float) -> dict:
             "seconds": time.perf_counter() - start}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def digits_arguments(description: str) -> argparse.ArgumentParser:
+    """The options of a digits run: where to write, how many seeds, steps, batch and lr."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=240)
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--lr", type=float, default=1e-3)
+    return parser
+
+
+def main() -> None:
+    parser = digits_arguments(__doc__.splitlines()[0])
     parser.add_argument("--settings", default=",".join(SETTINGS))
     args = parser.parse_args()
     names = [name.strip() for name in args.settings.split(",") if name.strip()]

@@ -29,17 +29,15 @@ The 8-bit update is eager Python here (a weight at a time): its speed is not the
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import json
 import platform
 import statistics
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from bf16_moments_digits import TAIL, run  # this folder is on sys.path when the script runs
+from bf16_moments_digits import TAIL, digits_arguments, run  # this folder is on sys.path
 from mosaic.engine import trainer
 from mosaic.engine.main_weights import hashed_bits, stochastic_bf16
 from mosaic.engine.rounded_weights import RoundedWeightsAdamW, bf16_weights_adamw, weight_bits
@@ -226,12 +224,7 @@ def _against(moments, reference, t: int) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--seeds", type=int, default=3)
-    parser.add_argument("--steps", type=int, default=240)
-    parser.add_argument("--batch", type=int, default=64)
-    parser.add_argument("--lr", type=float, default=1e-3)
+    parser = digits_arguments(__doc__.splitlines()[0])
     parser.add_argument("--block", type=int, default=256)
     parser.add_argument("--kinds", default=",".join(KINDS[1:]),
                         help="comma-separated KINDS of moments to train the digits with")

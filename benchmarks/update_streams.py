@@ -119,23 +119,13 @@ class GroupedRoundedWeightsAdamW(RoundedWeightsAdamW):
         return queue
 
 
-def _laned_step_s(params: list[torch.nn.Parameter], grads: list[torch.Tensor],
-                  lanes: int) -> tuple[float, bool]:
-    """GPU seconds of one captured step with `lanes` streams, and whether it was captured."""
+def _captured_step_s(params: list[torch.nn.Parameter], grads: list[torch.Tensor],
+                     optimizer_class: type) -> tuple[float, bool]:
+    """GPU seconds of one step of a fresh `optimizer_class` over `params` with `grads`, and
+    whether its step was captured."""
     for p, g in zip(params, grads, strict=True):
         p.grad = g
-    optimizer = type(f"Laned{lanes}", (LanedRoundedWeightsAdamW,), {"lanes": lanes})(
-        params, 1e-5, moments="bf16")
-    seconds = timed_s(optimizer.step, params[0].device)
-    return seconds, bool(optimizer.graphs)
-
-
-def _grouped_step_s(params: list[torch.nn.Parameter], grads: list[torch.Tensor],
-                    group: int) -> tuple[float, bool]:
-    for p, g in zip(params, grads, strict=True):
-        p.grad = g
-    optimizer = type(f"Grouped{group}", (GroupedRoundedWeightsAdamW,), {"group": group})(
-        params, 1e-5, moments="bf16")
+    optimizer = optimizer_class(params, 1e-5, moments="bf16")
     seconds = timed_s(optimizer.step, params[0].device)
     return seconds, bool(optimizer.graphs)
 
@@ -151,12 +141,14 @@ def measure(model: str, preset: str, module: str, lanes: list[int],
     grads = [torch.randn_like(p) * 1e-3 for p in params]
     rows = {}
     for n in lanes:
-        seconds, captured = _laned_step_s(params, grads, n)
+        laned = type(f"Laned{n}", (LanedRoundedWeightsAdamW,), {"lanes": n})
+        seconds, captured = _captured_step_s(params, grads, laned)
         rows[f"a weight at a time, {n} stream(s)"] = {"gpu_ms": seconds * 1e3,
                                                      "captured": captured}
         torch.cuda.empty_cache()
     for k in groups:
-        seconds, captured = _grouped_step_s(params, grads, k)
+        grouped = type(f"Grouped{k}", (GroupedRoundedWeightsAdamW,), {"group": k})
+        seconds, captured = _captured_step_s(params, grads, grouped)
         rows[f"a weight at a time, {k} of a shape a launch"] = {"gpu_ms": seconds * 1e3,
                                                                 "captured": captured}
         torch.cuda.empty_cache()

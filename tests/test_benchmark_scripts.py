@@ -48,8 +48,12 @@ def test_shell_scripts_call_mosaic_with_options_it_has(script):
         assert not unknown, f"{script.name}: mosaic {sub} has no option {unknown}"
 
 
-def _script(name: str):
+def _script(name: str, monkeypatch=None):
+    """A benchmark script as a module; with `monkeypatch`, its folder on sys.path for the
+    test (as `python benchmarks/x.py` has it), so that it may import its siblings."""
     path = Path(__file__).parents[1] / "benchmarks" / f"{name}.py"
+    if monkeypatch is not None:
+        monkeypatch.syspath_prepend(str(path.parent))
     spec = importlib.util.spec_from_file_location(f"bench_{name}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -102,15 +106,6 @@ def test_trace_overlap_counts_the_matched_kernels_time_beside_other_streams():
     assert streams["9"]["matched_ms"] == pytest.approx(0.11)
     assert streams["9"]["matched_beside_other_streams_ms"] == pytest.approx(0.05)
     assert streams["7"]["matched_ms"] == 0.0 and streams["9"]["matched_count"] == 2
-
-
-def _script(name: str, monkeypatch):
-    path = Path(__file__).parents[1] / "benchmarks" / f"{name}.py"
-    monkeypatch.syspath_prepend(str(path.parent))
-    spec = importlib.util.spec_from_file_location(f"bench_{name}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.mark.parametrize("value", [300.0, 1.3, 0.021, -0.0037, 1e-3])

@@ -276,6 +276,21 @@ def models(preset: Annotated[PresetName, typer.Option(help="size of the zoo mode
     models_table(graphs)
 
 
+_BF16_WEIGHT_FLAGS = {
+    "--no-bf16-flat-grads": "chooses how bf16 weights are updated",
+    "--bf16-moments": "keeps the bf16 weights' AdamW moments in bf16",
+    "--no-fp32-main-weights": "drops the bf16 weights' fp32 copies",
+}
+
+
+def _require_bf16_weights(bf16_weights: bool, given: dict[str, bool]) -> None:
+    """The flags that say how bf16 weights are kept or updated need --bf16-weights."""
+    for flag, asked in given.items():
+        if asked and not bf16_weights:
+            raise OptionError(f"{flag} {_BF16_WEIGHT_FLAGS[flag]}: add --bf16-weights, or "
+                              "drop it")
+
+
 @app.command()
 def plan(
     model: Annotated[str, typer.Argument(help="zoo model name, or a graph .json file",
@@ -316,15 +331,9 @@ def plan(
     from mosaic.hardware import make_cluster
     from mosaic.planners import plan_all
 
-    if bf16_moments and not bf16_weights:
-        raise OptionError("--bf16-moments predicts for bf16 weights' moments in bf16: add "
-                          "--bf16-weights, or drop it")
-    if per_weight_update and not bf16_weights:
-        raise OptionError("--no-bf16-flat-grads chooses how bf16 weights are updated: add "
-                          "--bf16-weights, or drop it")
-    if not fp32_main_weights and not bf16_weights:
-        raise OptionError("--no-fp32-main-weights predicts for bf16 weights without fp32 "
-                          "copies: add --bf16-weights, or drop it")
+    _require_bf16_weights(bf16_weights, {"--no-bf16-flat-grads": per_weight_update,
+                                         "--bf16-moments": bf16_moments,
+                                         "--no-fp32-main-weights": not fp32_main_weights})
     cluster = make_cluster(gpus, str(hardware))
     graph = load_graph(model, str(preset), batch).with_precision(
         bf16_weights=bf16_weights, bf16_moments=bf16_moments,
@@ -608,15 +617,9 @@ def train(
         raise OptionError("--autotune picks the plan by measurement, --plan gives one; pass one "
                           "of them")
     skip = _autotune_skip(autotune_skip, autotune)
-    if bf16_flat_grads is False and not bf16_weights:
-        raise OptionError("--no-bf16-flat-grads changes how bf16 weights are updated: add "
-                          "--bf16-weights, or drop it")
-    if bf16_moments and not bf16_weights:
-        raise OptionError("--bf16-moments keeps the bf16 weights' AdamW moments in bf16: add "
-                          "--bf16-weights, or drop it")
-    if not fp32_main_weights and not bf16_weights:
-        raise OptionError("--no-fp32-main-weights drops the bf16 weights' fp32 copies: add "
-                          "--bf16-weights, or drop it")
+    _require_bf16_weights(bf16_weights, {"--no-bf16-flat-grads": bf16_flat_grads is False,
+                                         "--bf16-moments": bf16_moments,
+                                         "--no-fp32-main-weights": not fp32_main_weights})
 
     from mosaic.data import check_dataset
     from mosaic.engine.checkpoint import CheckpointConfig
