@@ -8,11 +8,9 @@ them. Before the engine does that (it would edit the update's code, whose every 
 then needs profiling again), this measures it: the module's weights as the zoo builds them,
 RoundedWeightsAdamW's step (bf16 moments) with its launches dealt round-robin over N streams
 (N = 1 is the engine's), captured as the engine captures it; and the flat update over the same
-weights (no gradient copy counted). And grouped: the same launches' kernels, weights of one
-shape taken K at a time into one compiled function with Inductor's combo kernels on, which
-puts up to 8 independent pointwise kernels into one launch (K = 1: the engine's); a
-transformer's layers repeat their shapes, so a few compiles serve every layer. GPU time per
-step: profile/main_weights.py timed_s.
+weights (no gradient copy counted). And grouped (engine/grouped_update.py, the engine's
+`update_group`): weights of one shape K at a time through one compiled function with
+Inductor's combo kernels. GPU time per step: profile/main_weights.py timed_s.
 
     PYTHONPATH=src python benchmarks/update_streams.py unified-io-2 paper llm --lanes 1,2,4 \
         --groups 4,8 --out X.json
@@ -26,8 +24,8 @@ import json
 
 import torch
 
-from mosaic.engine.compile import raise_recompile_limit
-from mosaic.engine.rounded_weights import RoundedWeightsAdamW, _rounded_update
+from mosaic.engine.grouped_update import GroupedRoundedWeightsAdamW
+from mosaic.engine.rounded_weights import RoundedWeightsAdamW
 from mosaic.profile.main_weights import (
     bf16_params,
     cast_zoo_modules,
@@ -78,54 +76,13 @@ class LanedRoundedWeightsAdamW(RoundedWeightsAdamW):
         return launch
 
 
-def _group_update(runs, *scalars, beta1: float, beta2: float, eps: float,
-                  weight_decay: float) -> None:
-    for grad, exp_avg, exp_avg_sq, weight in runs:
-        _rounded_update(grad, exp_avg, exp_avg_sq, weight, *scalars, beta1=beta1, beta2=beta2,
-                        eps=eps, weight_decay=weight_decay)
-
-
-@functools.lru_cache(maxsize=8)
-def _group_update_fn(device_type: str, beta1: float, beta2: float, eps: float,
-                     weight_decay: float):
-    update = functools.partial(_group_update, beta1=beta1, beta2=beta2, eps=eps,
-                               weight_decay=weight_decay)
-    if device_type != "cuda":
-        return update
-    raise_recompile_limit()
-    return torch.compile(update, dynamic=False, options={"combo_kernels": True})
-
-
-class GroupedRoundedWeightsAdamW(RoundedWeightsAdamW):
-    """RoundedWeightsAdamW whose launches are queued, then run `group` same-shaped ones at a
-    time through one compiled function (combo kernels): the same arithmetic and rounding
-    bits per weight (they depend on the element's index within its weight, not on the
-    launch), in fewer launches."""
-
-    group = 1
-
-    def _bf16_step(self) -> None:
-        self._queued: dict[tuple, list[tuple]] = {}
-        super()._bf16_step()
-        update = _group_update_fn(*self._constants[:5])
-        for launches in self._queued.values():
-            for start in range(0, len(launches), self.group):
-                chunk = launches[start:start + self.group]
-                update(tuple(args[:4] for args in chunk), *chunk[0][4:])
-
-    def _kernel(self, length: int):
-        def queue(*args) -> None:
-            self._queued.setdefault(tuple(args[0].shape), []).append(args)
-        return queue
-
-
 def _captured_step_s(params: list[torch.nn.Parameter], grads: list[torch.Tensor],
-                     optimizer_class: type) -> tuple[float, bool]:
-    """GPU seconds of one step of a fresh `optimizer_class` over `params` with `grads`, and
-    whether its step was captured."""
+                     make_optimizer) -> tuple[float, bool]:
+    """GPU seconds of one step of a fresh optimizer (`make_optimizer(params, lr, moments=)`)
+    over `params` with `grads`, and whether its step was captured."""
     for p, g in zip(params, grads, strict=True):
         p.grad = g
-    optimizer = optimizer_class(params, 1e-5, moments="bf16")
+    optimizer = make_optimizer(params, 1e-5, moments="bf16")
     seconds = timed_s(optimizer.step, params[0].device)
     return seconds, bool(optimizer.graphs)
 
@@ -147,7 +104,7 @@ def measure(model: str, preset: str, module: str, lanes: list[int],
                                                      "captured": captured}
         torch.cuda.empty_cache()
     for k in groups:
-        grouped = type(f"Grouped{k}", (GroupedRoundedWeightsAdamW,), {"group": k})
+        grouped = functools.partial(GroupedRoundedWeightsAdamW, group=k)
         seconds, captured = _captured_step_s(params, grads, grouped)
         rows[f"a weight at a time, {k} of a shape a launch"] = {"gpu_ms": seconds * 1e3,
                                                                 "captured": captured}

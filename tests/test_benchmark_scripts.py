@@ -141,38 +141,6 @@ def test_the_fp8_probes_blocks_keep_each_blocks_largest_moment(monkeypatch):
     assert torch.allclose(back, x, rtol=2 ** -4, atol=2e-3 * 2 ** -9)
 
 
-def test_the_grouped_update_probe_updates_every_weight_as_the_engine_does(monkeypatch):
-    """benchmarks/update_streams.py's combo-kernel variant queues the engine's launches and
-    runs them a few same-shaped weights at a time: on the CPU (uncompiled) the weights and
-    moments after two steps are the engine's, bit for bit."""
-    import torch
-
-    from mosaic.engine.rounded_weights import RoundedWeightsAdamW
-
-    probe = _script("update_streams", monkeypatch)
-    gen = torch.Generator().manual_seed(0)
-    shapes = [(8, 4), (8, 4), (3,), (8, 4), (5, 2), (3,)]
-
-    def stepped(cls):
-        params = [torch.nn.Parameter(torch.randn(s, generator=torch.Generator().manual_seed(i))
-                                     .bfloat16()) for i, s in enumerate(shapes)]
-        optimizer = cls(params, 1e-2, moments="bf16")
-        for step in range(2):
-            for i, p in enumerate(params):
-                p.grad = torch.randn(p.shape, generator=gen.manual_seed(10 * step + i)).bfloat16()
-            optimizer.step()
-        return params, optimizer
-
-    grouped_cls = type("Grouped2", (probe.GroupedRoundedWeightsAdamW,), {"group": 2})
-    engine, engine_opt = stepped(RoundedWeightsAdamW)
-    grouped, grouped_opt = stepped(grouped_cls)
-    for a, b in zip(engine, grouped, strict=True):
-        assert torch.equal(a, b)
-        assert torch.equal(engine_opt.state[a]["exp_avg_sq"], grouped_opt.state[b]["exp_avg_sq"])
-    assert sum(len(q) for q in grouped_opt._queued.values()) == len(shapes)
-    assert len(grouped_opt._queued) == 3  # three shapes
-
-
 def test_the_fp8_first_moment_kernel_probe_stores_its_moments_and_moves_the_weight(
         monkeypatch):
     """benchmarks/rounded_update_bits.py's first moment in block-scaled e4m3 (one kernel on

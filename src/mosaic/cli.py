@@ -980,7 +980,9 @@ def bench(
         "bf16_weights=true,bf16_flat_grads=false updates them a weight at a time, no gradient "
         "copy; bf16_moments=true keeps their moments in bf16, fp32_main_weights=false drops "
         "their fp32 copies; with update_under_forward=true too, the update runs under the next "
-        "step's forward, each block waiting for its own weights); labelled PLAN@SETTINGS")] = None,
+        "step's forward, each block waiting for its own weights; update_group=K with "
+        "bf16_flat_grads=false,fp32_main_weights=false updates same-shaped weights K at a "
+        "time in one launch); labelled PLAN@SETTINGS")] = None,
     plans_dir: Annotated[Path | None, typer.Option("--plans", help="measure the plan JSONs in this "
                                                    "directory (from `mosaic plan --out`) instead of planning")] = None,
     autotune: Annotated[int, typer.Option("--autotune", min=0, help="also measure the K best "

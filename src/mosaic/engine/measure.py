@@ -46,12 +46,12 @@ import torch.distributed as dist
 from torch import nn
 
 from mosaic.engine.compile import CompileReport, compile_fn, compile_modules
+from mosaic.engine.grouped_update import bf16_optimizer
 from mosaic.engine.main_weights import (
     STEPS_BEFORE_CAPTURE,
     bf16_weights_refusal,
     cast_weights_bf16,
 )
-from mosaic.engine.rounded_weights import bf16_weights_adamw
 from mosaic.engine.session import (
     Dist,
     EngineConfig,
@@ -101,8 +101,8 @@ BASELINES = ("megatron", "distmm", "spindle")
 USER_ROUNDS = ("interleaved", "apart")
 VARIANT_FIELDS = ("grad_sync", "reduce_dtype", "bucket_view", "grads_in_graph",
                   "optimizer_overlap", "bf16_weights", "bf16_flat_grads", "bf16_moments",
-                  "fp32_main_weights", "update_under_forward", "update_sms")
-_INT_FIELDS = ("update_sms",)
+                  "fp32_main_weights", "update_under_forward", "update_sms", "update_group")
+_INT_FIELDS = ("update_sms", "update_group")
 _BOOL_FIELDS = ("bucket_view", "grads_in_graph", "optimizer_overlap", "bf16_weights",
                 "bf16_flat_grads", "bf16_moments", "fp32_main_weights", "update_under_forward")
 """Engine settings a bench may vary per contender: gradient synchronisation, the optimizer
@@ -481,7 +481,8 @@ def variant_applies(plan: Plan, settings: dict[str, Any]) -> bool:
     the optimizer's overlap and bf16 weights matter to every plan, the gradient-sync settings
     to data-parallel ones only."""
     every_plan = {"grads_in_graph", "optimizer_overlap", "bf16_weights", "bf16_flat_grads",
-                  "bf16_moments", "fp32_main_weights", "update_under_forward", "update_sms"}
+                  "bf16_moments", "fp32_main_weights", "update_under_forward", "update_sms",
+                  "update_group"}
     return bool(every_plan & set(settings)) or synchronises_gradients(plan)
 
 
@@ -520,8 +521,9 @@ def _optimizer_maker(engine: EngineConfig, lr: float, session: RankSession | Non
         if session is not None and session.gates is not None:
             return GatedMainWeightsAdamW(params, lr, gates=session.gates, moments=engine.moments)
         if engine.bf16_weights:
-            return bf16_weights_adamw(params, lr, moments=engine.moments,
-                                      fp32_main_weights=engine.fp32_main_weights)
+            return bf16_optimizer(params, lr, moments=engine.moments,
+                                  fp32_main_weights=engine.fp32_main_weights,
+                                  update_group=engine.update_group)
         return make_optimizer("adamw", params, lr)
     return make
 

@@ -101,6 +101,11 @@ class EngineConfig:
     multiple of the GPU's SM granularity), so the forward's GEMMs keep the rest; 0: a plain
     stream, all SMs. Measured slower on Unified-IO 2 `paper` b4 (48 SMs: 71.6 ms against 63.5
     on a plain stream): the update's kernels need more than 48 SMs beside the forward."""
+    update_group: int = 1
+    """With bf16 weights updated a weight at a time and no fp32 main weights: same-shaped
+    weights updated this many at a time in one compiled launch (engine/grouped_update.py;
+    Inductor's combo kernels); 1: a launch a weight. No `mosaic train` flag until measured on
+    the GPU (`mosaic bench --engine-variant ...,update_group=8`)."""
     grads_in_graph: bool = True
     """With graphs: each backward graph accumulates its module's parameter gradients itself
     (no per-parameter host work; engine/graphed.py), except where DDP synchronises them."""
@@ -133,6 +138,18 @@ class EngineConfig:
         if not self.fp32_main_weights and not self.bf16_weights:
             raise SessionError("fp32_main_weights=False drops the bf16 weights' fp32 copies: set "
                                "bf16_weights=True too (--bf16-weights), or leave it on")
+        if self.update_group != 1:
+            self._check_update_group()
+
+    def _check_update_group(self) -> None:
+        if self.update_group < 1:
+            raise SessionError(f"update_group={self.update_group} must be >= 1 (1: a launch a "
+                               "weight)")
+        if not self.bf16_weights or self.fp32_main_weights or self.bf16_flat_grads:
+            raise SessionError(f"update_group={self.update_group} groups the launches of the "
+                               "update a weight at a time without main weights: set "
+                               "bf16_weights=True, bf16_flat_grads=False and "
+                               "fp32_main_weights=False too, or leave update_group 1")
 
     def _check_update_under_forward(self) -> None:
         if not self.bf16_weights:
@@ -533,6 +550,7 @@ class RankSession:
                 "bf16_flat_grads": self.config.bf16_flat_grads,
                 "bf16_moments": self.config.bf16_moments,
                 "fp32_main_weights": self.config.fp32_main_weights,
+                "update_group": self.config.update_group,
                 "sharded": sorted(self.runner.sharded)}  # this rank's FSDP2 modules
 
     def close(self) -> None:

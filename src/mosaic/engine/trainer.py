@@ -40,8 +40,8 @@ from mosaic.engine.checkpoint import (
 )
 from mosaic.engine.comm import CommError, check_world_size, share_from_rank0
 from mosaic.engine.compile import compile_modules
+from mosaic.engine.grouped_update import bf16_optimizer
 from mosaic.engine.main_weights import bf16_weights_refusal, cast_weights_bf16
-from mosaic.engine.rounded_weights import bf16_weights_adamw
 from mosaic.engine.rows import RowPrefetcher, RowsOnDevice
 from mosaic.engine.runner import StepOutput
 from mosaic.engine.schedule import LRSchedule
@@ -335,9 +335,10 @@ def _build(config: TrainConfig, model: TrainableModel, graph: MMGraph, plan: Pla
     params = session.parameters()
     if not params:  # a GPU may hold no module at all
         return session, None, compiled
-    optimizer = (bf16_weights_adamw(params, config.lr, weight_decay=config.weight_decay,
-                                    moments=config.engine.moments,
-                                    fp32_main_weights=config.engine.fp32_main_weights) if bf16
+    optimizer = (bf16_optimizer(params, config.lr, weight_decay=config.weight_decay,
+                                moments=config.engine.moments,
+                                fp32_main_weights=config.engine.fp32_main_weights,
+                                update_group=config.engine.update_group) if bf16
                  else make_optimizer(config.optimizer, params, config.lr, config.weight_decay))
     return session, optimizer, compiled
 

@@ -163,6 +163,10 @@ BF16_MOMENTS = "bf16-moments"
 """With bf16 weights: their AdamW moments kept in bf16 (the update moves fewer bytes)."""
 NO_MAIN_WEIGHTS = "no-main-weights"
 """With bf16 weights: no fp32 main copies; the update rounds each new weight stochastically."""
+GROUPED_UPDATE = "grouped-update"
+"""With the update a weight at a time: same-shaped weights several to a launch (combo
+kernels). Not profiled: the composed time prices the update a launch a weight, and its rows
+are a family of their own, so they cannot shift the ungrouped family's fitted term."""
 
 
 def engine_kind(engine: dict[str, Any] | None, gpus: int | None = None) -> str:
@@ -175,7 +179,7 @@ def engine_kind(engine: dict[str, Any] | None, gpus: int | None = None) -> str:
     each has its own host cost, so each gets its own term. 'bf16-weights' last, for an engine
     that keeps bf16 GEMM weights (it shares its fp32 twin's term: term_engine), then how it
     updates them where not the default ('per-weight-update', 'bf16-moments',
-    'no-main-weights')."""
+    'no-main-weights', 'grouped-update')."""
     if not engine:
         return "eager"
     parts = (["graphs"] if engine.get("graphs") else []) + (
@@ -200,6 +204,8 @@ def engine_kind(engine: dict[str, Any] | None, gpus: int | None = None) -> str:
             parts.append(BF16_MOMENTS)
         if not engine.get("fp32_main_weights", True):
             parts.append(NO_MAIN_WEIGHTS)
+        if engine.get("update_group", 1) > 1:
+            parts.append(GROUPED_UPDATE)
     return "+".join(parts) or "eager"
 
 
@@ -478,7 +484,8 @@ def bf16_family(engine: str) -> str | None:
     parts = engine.split("+")
     if BF16_WEIGHTS not in parts:
         return None
-    return "+".join(map(_untuned, parts[:parts.index(BF16_WEIGHTS) + 1]))
+    family = [*map(_untuned, parts[:parts.index(BF16_WEIGHTS) + 1])]
+    return "+".join(family + [GROUPED_UPDATE] * (GROUPED_UPDATE in parts))
 
 
 def _untuned(part: str) -> str:
@@ -494,7 +501,7 @@ def term_engine(engine: str) -> str:
     the composed time: perf/profiled.py)."""
     return "+".join(_untuned(part) for part in engine.split("+")
                     if part not in (BF16_WEIGHTS, PER_WEIGHT_UPDATE, BF16_MOMENTS,
-                                    NO_MAIN_WEIGHTS))
+                                    NO_MAIN_WEIGHTS, GROUPED_UPDATE))
 
 
 def bf16_weights(engine: str | None) -> bool:
