@@ -8,7 +8,9 @@
 # once, megatron's label its twin, so the run lands in the README's and the targets' tables)
 # with bf16 weights and moments a weight at a time, with and without main weights, beside the
 # user's torch.compile program, one plan group at a time, traced. TESTS="" skips the tests, PROFILE="" the
-# profile; LIMIT_TESTS, LIMIT_PROFILE and LIMIT_BENCH (s) bound the three parts.
+# profile; LIMIT_TESTS, LIMIT_PROFILE and LIMIT_BENCH (s) bound the three parts. GROUP=K also
+# measures the update without main weights with same-shaped weights K at a time in one launch
+# (engine/grouped_update.py; thirty-third session, not yet run: give the bench ~80 s more).
 set -u
 OUT=${1:?usage: rounded_weights_h200.sh OUT}
 mkdir -p "$OUT" /tmp/logs
@@ -28,7 +30,9 @@ name=bench_unified-io-2_paper_1gpu_b4_rounded_weights
 timeout -k 10 "${LIMIT_BENCH:-330}" python -m mosaic bench unified-io-2 --gpus 1 --preset paper \
   --batch 4 --perf-model profiled --compile-scope blocks --user-programs "${USER_PROGRAMS-torch-compile}" \
   --rounds 3 --plans-at-once 1 --planners mosaic,megatron --engine-variant "$BF16" \
-  --engine-variant "$BF16,fp32_main_weights=false" --out "/tmp/$name" --json \
+  --engine-variant "$BF16,fp32_main_weights=false" \
+  ${GROUP:+--engine-variant "$BF16,fp32_main_weights=false,update_group=$GROUP"} \
+  --out "/tmp/$name" --json \
   --torch-trace /tmp/traces > "$OUT/$name.json" 2> "/tmp/logs/$name.err"
 echo "bench rc=$?"; grep -E "^mosaic bench|Error" "/tmp/logs/$name.err" | tail -n 4
 for summary in /tmp/traces/*/kernel-time-rank0.json; do  # the traces stay behind (large)
