@@ -39,13 +39,10 @@ import torch.nn.functional as F
 
 from bf16_moments_digits import TAIL, digits_arguments, run  # this folder is on sys.path
 from mosaic.engine import trainer
+from mosaic.engine.fp8_first_moment import FP8_TOP, SUBNORMAL_STEP, fp8_stochastic
 from mosaic.engine.main_weights import hashed_bits, stochastic_bf16
 from mosaic.engine.rounded_weights import RoundedWeightsAdamW, bf16_weights_adamw, weight_bits
 
-FP8_TOP = 448.0
-"""e4m3's largest finite value: a block's largest moment is stored as it."""
-SUBNORMAL_STEP = 2.0 ** -9
-"""e4m3's spacing below its smallest normal, 2^-6."""
 LEAN = {"bf16_weights": True, "bf16_moments": True, "fp32_main_weights": False}
 BETAS, EPS = (0.9, 0.999), 1e-8
 KINDS = ("fp32", "bf16", "fp8 stochastic", "fp8 nearest", "fp8 first moment and bf16 second")
@@ -56,16 +53,8 @@ in e4m3 (stochastic) and the second in bf16 as the engine keeps it."""
 
 def fp8_rounded(x: torch.Tensor, bits8: torch.Tensor | None) -> torch.Tensor:
     """`x` (within ±448) to e4m3: to nearest when `bits8` is None, else stochastically on
-    those 8 random bits (int32 in [0, 256)): below e4m3's smallest normal on its even grid,
-    above it by adding them under the 3 mantissa bits kept and truncating (IEEE floats are
-    sign and magnitude, so this rounds the magnitude)."""
-    if bits8 is None:
-        return x.to(torch.float8_e4m3fn)
-    uniform = (bits8.float() + 0.5) / 256
-    subnormal = torch.floor(x / SUBNORMAL_STEP + uniform) * SUBNORMAL_STEP
-    top = x.clamp(-FP8_TOP * 0.99, FP8_TOP * 0.99)  # noise cannot carry past 448
-    normal = ((top.view(torch.int32) + (bits8 << 12)) & -(1 << 20)).view(torch.float32)
-    return torch.where(x.abs() < 2.0 ** -6, subnormal, normal).to(torch.float8_e4m3fn)
+    those 8 random bits as the engine rounds (fp8_first_moment.fp8_stochastic)."""
+    return x.to(torch.float8_e4m3fn) if bits8 is None else fp8_stochastic(x, bits8)
 
 
 def block_quantized(x: torch.Tensor, block: int, bits8: torch.Tensor | None

@@ -11,9 +11,10 @@ with another seed). This times one flat update of N parameters (one Inductor ker
   - without, the weight's bits a second MurmurHash with its own seed (as first shipped);
   - without, the weight rounded to nearest (no bits: the floor, not a training option);
   - without, the first moment in float8 e4m3 with a scale per 256 elements, rounded
-    stochastically, the second in bf16 (12 bytes; benchmarks/fp8_moments_digits.py found it
-    the one 8-bit kind whose update direction stays near fp32 moments' over thousands of
-    steps): does the block's scale, a reduction, keep it one kernel at memory speed?
+    stochastically, the second in bf16 (engine/fp8_first_moment.py, 12 bytes;
+    benchmarks/fp8_moments_digits.py found it the one 8-bit kind whose update direction
+    stays near fp32 moments' over thousands of steps): does the block's scale, a reduction,
+    keep it one kernel at memory speed?
   - a plain copy of 12 bytes a parameter (what the memory system gives);
 each as bytes moved over GPU time (CUDA events, the profiler's median: profile/main_weights.py
 timed_s).
@@ -29,9 +30,9 @@ import json
 
 import torch
 
-from fp8_moments_digits import block_quantized, dequantized  # this folder is on sys.path
+from mosaic.engine.fp8_first_moment import BLOCK, _first_moment_update_fn
 from mosaic.engine.main_weights import _adamw_update, _update_fn, hashed_bits, stochastic_bf16
-from mosaic.engine.rounded_weights import _rounded_update_fn, weight_bits
+from mosaic.engine.rounded_weights import _rounded_update_fn
 from mosaic.profile.main_weights import timed_s
 
 BETAS, EPS = (0.9, 0.999), 1e-8
@@ -67,36 +68,18 @@ def _second_hash(main, step):
     return hashed_bits(main, step + SECOND_SEED_OFFSET) & 0xFFFF
 
 
-def fp8_first_moment_update(grad, m_codes, m_scale, exp_avg_sq, weight, step_size,
-                            bias2_sqrt, step, *, block: int = 256):
-    """The update without main weights with its first moment in block-scaled e4m3 (codes
-    and a scale per `block` elements, fp8_moments_digits.block_quantized, rounded on 8 bits
-    of the moments' draw) and its second in bf16 (its 16 bits); the weight rounds on its
-    remixed bits (rounded_weights.weight_bits). `grad` is a whole number of blocks long."""
-    g = grad.float()
-    m_old = dequantized(m_codes, m_scale, block)
-    v_old = exp_avg_sq.float()
-    m = m_old + (g - m_old) * (1 - BETAS[0])
-    v = v_old * BETAS[1] + g * g * (1 - BETAS[1])
-    new = weight.float() - step_size * m / (v.sqrt() / bias2_sqrt + EPS)  # no weight decay
-    bits = hashed_bits(new, step)
-    codes, scale = block_quantized(m, block, bits & 0xFF)
-    m_codes.copy_(codes)
-    m_scale.copy_(scale)
-    exp_avg_sq.copy_(stochastic_bf16(v, (bits >> 16) & 0xFFFF))
-    weight.copy_(stochastic_bf16(new, weight_bits(new, step)))
-
-
 def _time_fp8_first_moment(numel: int) -> float:
+    """The engine's kernel (engine/fp8_first_moment.py) over one flat weight."""
     s = _scalars()
-    update = torch.compile(fp8_first_moment_update, dynamic=False)
+    update = _first_moment_update_fn("cuda", *BETAS, EPS, 0.0)
     grad = (torch.randn(numel, device="cuda") * 1e-3).bfloat16()
-    m_codes = torch.zeros(numel, device="cuda", dtype=torch.float8_e4m3fn)
-    m_scale = torch.zeros(numel // 256, device="cuda")
+    codes = torch.zeros(numel, device="cuda", dtype=torch.float8_e4m3fn)
+    scale = torch.zeros(numel // BLOCK, device="cuda")
     exp_avg_sq = torch.zeros(numel, device="cuda", dtype=torch.bfloat16)
     weight = torch.randn(numel, device="cuda").bfloat16()
-    return gpu_ms(lambda: update(grad, m_codes, m_scale, exp_avg_sq, weight, s["step_size"],
-                                 s["bias2_sqrt"], s["step"]))
+    return gpu_ms(lambda: update(grad, codes, scale, exp_avg_sq, weight, s["lr"],
+                                 s["step_size"], s["bias2_sqrt"], s["found_inf"],
+                                 s["grad_scale"], s["step"]))
 
 
 def _scalars() -> dict[str, torch.Tensor]:

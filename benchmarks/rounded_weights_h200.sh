@@ -10,7 +10,8 @@
 # user's torch.compile program, one plan group at a time, traced. TESTS="" skips the tests, PROFILE="" the
 # profile; LIMIT_TESTS, LIMIT_PROFILE and LIMIT_BENCH (s) bound the three parts. GROUP=K also
 # measures the update without main weights with same-shaped weights K at a time in one launch
-# (engine/grouped_update.py; thirty-third session, not yet run: give the bench ~80 s more).
+# (engine/grouped_update.py; thirty-third session, not yet run: give the bench ~80 s more);
+# FP8=1 the same update with AdamW's first moment in 8 bits (engine/fp8_first_moment.py).
 set -u
 OUT=${1:?usage: rounded_weights_h200.sh OUT}
 mkdir -p "$OUT" /tmp/logs
@@ -32,6 +33,7 @@ timeout -k 10 "${LIMIT_BENCH:-330}" python -m mosaic bench unified-io-2 --gpus 1
   --rounds 3 --plans-at-once 1 --planners mosaic,megatron --engine-variant "$BF16" \
   --engine-variant "$BF16,fp32_main_weights=false" \
   ${GROUP:+--engine-variant "$BF16,fp32_main_weights=false,update_group=$GROUP"} \
+  ${FP8:+--engine-variant "$BF16,fp32_main_weights=false,fp8_first_moment=true"} \
   --out "/tmp/$name" --json \
   --torch-trace /tmp/traces > "$OUT/$name.json" 2> "/tmp/logs/$name.err"
 echo "bench rc=$?"; grep -E "^mosaic bench|Error" "/tmp/logs/$name.err" | tail -n 4

@@ -982,7 +982,8 @@ def bench(
         "their fp32 copies; with update_under_forward=true too, the update runs under the next "
         "step's forward, each block waiting for its own weights; update_group=K with "
         "bf16_flat_grads=false,fp32_main_weights=false updates same-shaped weights K at a "
-        "time in one launch); labelled PLAN@SETTINGS")] = None,
+        "time in one launch, fp8_first_moment=true there keeps AdamW's first moment in 8 "
+        "bits); labelled PLAN@SETTINGS")] = None,
     plans_dir: Annotated[Path | None, typer.Option("--plans", help="measure the plan JSONs in this "
                                                    "directory (from `mosaic plan --out`) instead of planning")] = None,
     autotune: Annotated[int, typer.Option("--autotune", min=0, help="also measure the K best "

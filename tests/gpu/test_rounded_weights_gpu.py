@@ -134,3 +134,27 @@ def test_grouped_launches_are_captured_and_update_as_one_launch_a_weight():
     for a, b in zip(engine, grouped, strict=True):
         assert torch.equal(a, b)
         assert torch.equal(engine_opt.state[a]["exp_avg_sq"], grouped_opt.state[b]["exp_avg_sq"])
+
+
+def test_the_8_bit_first_moment_update_is_captured_and_steps_as_on_the_cpu():
+    """engine/fp8_first_moment.py on the GPU: compiled (the kernel count printed: the block
+    scales are a reduction, which Inductor should fuse with the update around it), captured
+    after the eager steps, and after one step from equal states its weight within two bf16
+    units of the CPU's eager one's (fp32 arithmetic and fused multiply-adds differ)."""
+    from torch._inductor import config, metrics
+
+    from mosaic.engine import fp8_first_moment
+    from mosaic.engine.fp8_first_moment import Fp8FirstMomentAdamW
+
+    torch._dynamo.reset()
+    fp8_first_moment._first_moment_update_fn.cache_clear()
+    metrics.reset()
+    with config.patch(fx_graph_cache=False):
+        gpu, gpu_weight = stepped_bf16_weight(Fp8FirstMomentAdamW, STEPS, "cuda")
+    print("fp8 first moment update kernels:", metrics.generated_kernel_count)
+    assert len(gpu.graphs) == 1 and torch.isfinite(gpu_weight.float()).all()
+    _, cpu_weight = stepped_bf16_weight(Fp8FirstMomentAdamW, 1, "cpu")
+    _, gpu_weight = stepped_bf16_weight(Fp8FirstMomentAdamW, 1, "cuda")
+    cpu, got = cpu_weight.detach().float(), gpu_weight.detach().float().cpu()
+    assert float((cpu == got).float().mean()) > 0.9
+    assert bool(((cpu - got).abs() <= torch.maximum(cpu.abs(), got.abs()) * 2 ** -6).all())

@@ -84,9 +84,17 @@ class GroupedRoundedWeightsAdamW(RoundedWeightsAdamW):
 
 def bf16_optimizer(params: Iterable[nn.Parameter], lr: float, *, weight_decay: float = 0.0,
                    moments: str = "fp32", fp32_main_weights: bool = True,
-                   update_group: int = 1) -> MainWeightsAdamW:
+                   update_group: int = 1, fp8_first_moment: bool = False) -> MainWeightsAdamW:
     """The optimizer of bf16 weights the engine's flags ask for: rounded_weights'
-    (bf16_weights_adamw), its launches grouped where `update_group` > 1."""
+    (bf16_weights_adamw), its launches grouped where `update_group` > 1, or its first moment
+    in 8 bits (engine/fp8_first_moment.py)."""
+    if fp8_first_moment:
+        if fp32_main_weights or moments != "bf16" or update_group > 1:
+            raise ValueError("fp8_first_moment needs bf16 moments, no fp32 main weights and "
+                             "update_group 1")
+        from mosaic.engine.fp8_first_moment import Fp8FirstMomentAdamW
+
+        return Fp8FirstMomentAdamW(params, lr, weight_decay=weight_decay)
     if update_group > 1:
         if fp32_main_weights:
             raise ValueError("update_group groups the update without fp32 main weights: set "

@@ -101,10 +101,12 @@ BASELINES = ("megatron", "distmm", "spindle")
 USER_ROUNDS = ("interleaved", "apart")
 VARIANT_FIELDS = ("grad_sync", "reduce_dtype", "bucket_view", "grads_in_graph",
                   "optimizer_overlap", "bf16_weights", "bf16_flat_grads", "bf16_moments",
-                  "fp32_main_weights", "update_under_forward", "update_sms", "update_group")
+                  "fp32_main_weights", "update_under_forward", "update_sms", "update_group",
+                  "fp8_first_moment")
 _INT_FIELDS = ("update_sms", "update_group")
 _BOOL_FIELDS = ("bucket_view", "grads_in_graph", "optimizer_overlap", "bf16_weights",
-                "bf16_flat_grads", "bf16_moments", "fp32_main_weights", "update_under_forward")
+                "bf16_flat_grads", "bf16_moments", "fp32_main_weights", "update_under_forward",
+                "fp8_first_moment")
 """Engine settings a bench may vary per contender: gradient synchronisation, the optimizer
 and the weights' precision (a bf16-weight contender trains its own copy of the modules)."""
 
@@ -482,7 +484,7 @@ def variant_applies(plan: Plan, settings: dict[str, Any]) -> bool:
     to data-parallel ones only."""
     every_plan = {"grads_in_graph", "optimizer_overlap", "bf16_weights", "bf16_flat_grads",
                   "bf16_moments", "fp32_main_weights", "update_under_forward", "update_sms",
-                  "update_group"}
+                  "update_group", "fp8_first_moment"}
     return bool(every_plan & set(settings)) or synchronises_gradients(plan)
 
 
@@ -523,7 +525,8 @@ def _optimizer_maker(engine: EngineConfig, lr: float, session: RankSession | Non
         if engine.bf16_weights:
             return bf16_optimizer(params, lr, moments=engine.moments,
                                   fp32_main_weights=engine.fp32_main_weights,
-                                  update_group=engine.update_group)
+                                  update_group=engine.update_group,
+                                  fp8_first_moment=engine.fp8_first_moment)
         return make_optimizer("adamw", params, lr)
     return make
 

@@ -106,6 +106,11 @@ class EngineConfig:
     weights updated this many at a time in one compiled launch (engine/grouped_update.py;
     Inductor's combo kernels); 1: a launch a weight. No `mosaic train` flag until measured on
     the GPU (`mosaic bench --engine-variant ...,update_group=8`)."""
+    fp8_first_moment: bool = False
+    """With bf16 weights and moments updated a weight at a time without main weights: AdamW's
+    first moment in float8 e4m3 with a scale per 256 elements, the second in bf16
+    (engine/fp8_first_moment.py): 12 bytes a parameter moved instead of 14. `mosaic bench`
+    only (`--engine-variant ...,fp8_first_moment=true`), until measured on the GPU."""
     grads_in_graph: bool = True
     """With graphs: each backward graph accumulates its module's parameter gradients itself
     (no per-parameter host work; engine/graphed.py), except where DDP synchronises them."""
@@ -140,6 +145,8 @@ class EngineConfig:
                                "bf16_weights=True too (--bf16-weights), or leave it on")
         if self.update_group != 1:
             self._check_update_group()
+        if self.fp8_first_moment:
+            self._check_fp8_first_moment()
 
     def _check_update_group(self) -> None:
         if self.update_group < 1:
@@ -150,6 +157,17 @@ class EngineConfig:
                                "update a weight at a time without main weights: set "
                                "bf16_weights=True, bf16_flat_grads=False and "
                                "fp32_main_weights=False too, or leave update_group 1")
+
+    def _check_fp8_first_moment(self) -> None:
+        if (not self.bf16_weights or not self.bf16_moments or self.fp32_main_weights
+                or self.bf16_flat_grads):
+            raise SessionError("fp8_first_moment keeps the first moment of the update a weight "
+                               "at a time without main weights in 8 bits: set "
+                               "bf16_weights=True, bf16_moments=True, bf16_flat_grads=False "
+                               "and fp32_main_weights=False too, or leave it off")
+        if self.update_group != 1:
+            raise SessionError("fp8_first_moment and update_group > 1 are separate updates: "
+                               "choose one")
 
     def _check_update_under_forward(self) -> None:
         if not self.bf16_weights:
@@ -551,6 +569,7 @@ class RankSession:
                 "bf16_moments": self.config.bf16_moments,
                 "fp32_main_weights": self.config.fp32_main_weights,
                 "update_group": self.config.update_group,
+                "fp8_first_moment": self.config.fp8_first_moment,
                 "sharded": sorted(self.runner.sharded)}  # this rank's FSDP2 modules
 
     def close(self) -> None:

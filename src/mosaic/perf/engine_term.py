@@ -163,10 +163,17 @@ BF16_MOMENTS = "bf16-moments"
 """With bf16 weights: their AdamW moments kept in bf16 (the update moves fewer bytes)."""
 NO_MAIN_WEIGHTS = "no-main-weights"
 """With bf16 weights: no fp32 main copies; the update rounds each new weight stochastically."""
+FP8_FIRST_MOMENT = "fp8-first-moment"
+"""With the update a weight at a time without main weights: AdamW's first moment in 8 bits.
+Not profiled, priced as the bf16-moment update; a family of its own, as GROUPED_UPDATE."""
 GROUPED_UPDATE = "grouped-update"
 """With the update a weight at a time: same-shaped weights several to a launch (combo
 kernels). Not profiled: the composed time prices the update a launch a weight, and its rows
 are a family of their own, so they cannot shift the ungrouped family's fitted term."""
+
+
+UNPROFILED_UPDATES = (GROUPED_UPDATE, FP8_FIRST_MOMENT)
+"""Updates the profile has not timed: their rows fit terms of their own (bf16_family)."""
 
 
 def engine_kind(engine: dict[str, Any] | None, gpus: int | None = None) -> str:
@@ -179,7 +186,7 @@ def engine_kind(engine: dict[str, Any] | None, gpus: int | None = None) -> str:
     each has its own host cost, so each gets its own term. 'bf16-weights' last, for an engine
     that keeps bf16 GEMM weights (it shares its fp32 twin's term: term_engine), then how it
     updates them where not the default ('per-weight-update', 'bf16-moments',
-    'no-main-weights', 'grouped-update')."""
+    'no-main-weights', 'grouped-update', 'fp8-first-moment')."""
     if not engine:
         return "eager"
     parts = (["graphs"] if engine.get("graphs") else []) + (
@@ -206,6 +213,8 @@ def engine_kind(engine: dict[str, Any] | None, gpus: int | None = None) -> str:
             parts.append(NO_MAIN_WEIGHTS)
         if engine.get("update_group", 1) > 1:
             parts.append(GROUPED_UPDATE)
+        if engine.get("fp8_first_moment"):
+            parts.append(FP8_FIRST_MOMENT)
     return "+".join(parts) or "eager"
 
 
@@ -485,7 +494,7 @@ def bf16_family(engine: str) -> str | None:
     if BF16_WEIGHTS not in parts:
         return None
     family = [*map(_untuned, parts[:parts.index(BF16_WEIGHTS) + 1])]
-    return "+".join(family + [GROUPED_UPDATE] * (GROUPED_UPDATE in parts))
+    return "+".join(family + [part for part in parts if part in UNPROFILED_UPDATES])
 
 
 def _untuned(part: str) -> str:
@@ -501,7 +510,7 @@ def term_engine(engine: str) -> str:
     the composed time: perf/profiled.py)."""
     return "+".join(_untuned(part) for part in engine.split("+")
                     if part not in (BF16_WEIGHTS, PER_WEIGHT_UPDATE, BF16_MOMENTS,
-                                    NO_MAIN_WEIGHTS, GROUPED_UPDATE))
+                                    NO_MAIN_WEIGHTS, *UNPROFILED_UPDATES))
 
 
 def bf16_weights(engine: str | None) -> bool:
