@@ -5,6 +5,7 @@ non-finite step, training beside the bf16-moment update, and the flags."""
 import pytest
 import torch
 
+from mosaic.engine.bf16_optimizer import bf16_optimizer
 from mosaic.engine.fp8_first_moment import (
     BLOCK,
     SUBNORMAL_STEP,
@@ -12,7 +13,6 @@ from mosaic.engine.fp8_first_moment import (
     _first_moment_update,
     fp8_stochastic,
 )
-from mosaic.engine.grouped_update import bf16_optimizer
 from mosaic.engine.main_weights import MainWeightsAdamW
 from mosaic.engine.rounded_weights import RoundedWeightsAdamW
 from mosaic.engine.session import EngineConfig, SessionError

@@ -7,7 +7,8 @@ import math
 import pytest
 import torch
 
-from mosaic.engine.grouped_update import GroupedRoundedWeightsAdamW, bf16_optimizer
+from mosaic.engine.bf16_optimizer import bf16_optimizer
+from mosaic.engine.grouped_update import GroupedRoundedWeightsAdamW
 from mosaic.engine.rounded_weights import RoundedWeightsAdamW
 from mosaic.engine.session import EngineConfig, SessionError
 

@@ -28,8 +28,7 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
-from mosaic.engine.main_weights import MainWeightsAdamW
-from mosaic.engine.rounded_weights import RoundedWeightsAdamW, _rounded_update, bf16_weights_adamw
+from mosaic.engine.rounded_weights import RoundedWeightsAdamW, _rounded_update
 
 
 def _group_update(runs: tuple[tuple[torch.Tensor, ...], ...], *scalars: torch.Tensor,
@@ -80,26 +79,3 @@ class GroupedRoundedWeightsAdamW(RoundedWeightsAdamW):
         def queue(*args: torch.Tensor) -> None:
             self._queued.setdefault(tuple(args[0].shape), []).append(args)
         return queue
-
-
-def bf16_optimizer(params: Iterable[nn.Parameter], lr: float, *, weight_decay: float = 0.0,
-                   moments: str = "fp32", fp32_main_weights: bool = True,
-                   update_group: int = 1, fp8_first_moment: bool = False) -> MainWeightsAdamW:
-    """The optimizer of bf16 weights the engine's flags ask for: rounded_weights'
-    (bf16_weights_adamw), its launches grouped where `update_group` > 1, or its first moment
-    in 8 bits (engine/fp8_first_moment.py)."""
-    if fp8_first_moment:
-        if fp32_main_weights or moments != "bf16" or update_group > 1:
-            raise ValueError("fp8_first_moment needs bf16 moments, no fp32 main weights and "
-                             "update_group 1")
-        from mosaic.engine.fp8_first_moment import Fp8FirstMomentAdamW
-
-        return Fp8FirstMomentAdamW(params, lr, weight_decay=weight_decay)
-    if update_group > 1:
-        if fp32_main_weights:
-            raise ValueError("update_group groups the update without fp32 main weights: set "
-                             "fp32_main_weights=False too, or leave update_group 1")
-        return GroupedRoundedWeightsAdamW(params, lr, group=update_group,
-                                          weight_decay=weight_decay, moments=moments)
-    return bf16_weights_adamw(params, lr, weight_decay=weight_decay, moments=moments,
-                              fp32_main_weights=fp32_main_weights)

@@ -45,8 +45,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from mosaic.engine.bf16_optimizer import bf16_optimizer
 from mosaic.engine.compile import CompileReport, compile_fn, compile_modules
-from mosaic.engine.grouped_update import bf16_optimizer
 from mosaic.engine.main_weights import (
     STEPS_BEFORE_CAPTURE,
     bf16_weights_refusal,

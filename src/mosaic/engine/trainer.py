@@ -31,6 +31,7 @@ from torch import nn
 
 from mosaic.data import with_dataset
 from mosaic.engine import checkpoint as _checkpoint
+from mosaic.engine.bf16_optimizer import bf16_optimizer
 from mosaic.engine.checkpoint import (
     CheckpointConfig,
     PendingCheckpoint,
@@ -40,7 +41,6 @@ from mosaic.engine.checkpoint import (
 )
 from mosaic.engine.comm import CommError, check_world_size, share_from_rank0
 from mosaic.engine.compile import compile_modules
-from mosaic.engine.grouped_update import bf16_optimizer
 from mosaic.engine.main_weights import bf16_weights_refusal, cast_weights_bf16
 from mosaic.engine.rows import RowPrefetcher, RowsOnDevice
 from mosaic.engine.runner import StepOutput
