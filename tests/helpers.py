@@ -83,3 +83,30 @@ def start_workers(fn: Callable, args: tuple, nprocs: int, device: str = "cpu") -
         return
     mp.get_context("forkserver").set_forkserver_preload(list(WORKER_PRELOAD))
     mp.start_processes(fn, args=args, nprocs=nprocs, join=True, start_method="forkserver")
+
+
+def measured_variant(monkeypatch, variant: str, label: str, steps_in_flight: int = 2):
+    """The tiny CLIP's mosaic plan measured on the CPU under the bench variant `variant`
+    (`--engine-variant` text, every GEMM weight bf16 however small), labelled `label`: its
+    PlanMeasurement and the bench's checks."""
+    from dataclasses import replace
+
+    from mosaic.engine import main_weights
+    from mosaic.engine.measure import BenchConfig, measure_plans, parse_variant
+    from mosaic.engine.session import EngineConfig
+    from mosaic.hardware import H200
+    from mosaic.zoo import get_model
+    from tests.test_bench import _plans
+
+    monkeypatch.setattr(main_weights, "MIN_ELEMENTS", 1)  # the tiny model's weights go bf16
+    model = get_model("clip")
+    graph = model.graph("tiny")
+    plans = _plans(graph)
+    plans[label] = plans["mosaic"]
+    config = BenchConfig(rounds=1, steps_per_round=1, warmup_steps=0, nvml_seconds=0,
+                         in_flight_steps=steps_in_flight, user_programs=(),
+                         engine=EngineConfig(amp=True))
+    measurements, checks = measure_plans(model, "tiny", graph, plans, H200, config, {
+        label: replace(config.engine, **parse_variant(variant))})
+    return {m.label: m for m in measurements}[label], checks, plans
+

@@ -133,25 +133,10 @@ def test_the_flags_ask_for_it_only_where_it_applies():
 def test_the_bench_measures_it_as_a_variant(monkeypatch):
     """`mosaic bench --engine-variant ...,fp8_first_moment=true` on the CPU: the plan trains
     its own bf16 copy with the 8-bit first moment, checked as other kernels are."""
-    from dataclasses import replace
+    from tests.helpers import measured_variant
 
-    from mosaic.engine import main_weights
-    from mosaic.engine.measure import BenchConfig, measure_plans, parse_variant
-    from mosaic.hardware import H200
-    from mosaic.zoo import get_model
-    from tests.test_bench import _plans
-
-    monkeypatch.setattr(main_weights, "MIN_ELEMENTS", 1)  # the tiny model's weights go bf16
-    model = get_model("clip")
-    graph = model.graph("tiny")
-    plans = _plans(graph)
-    settings = parse_variant("bf16_weights=true,bf16_flat_grads=false,bf16_moments=true,"
-                             "fp32_main_weights=false,fp8_first_moment=true")
-    plans["mosaic@fp8"] = plans["mosaic"]
-    config = BenchConfig(rounds=1, steps_per_round=1, warmup_steps=0, nvml_seconds=0,
-                         in_flight_steps=2, user_programs=(), engine=EngineConfig(amp=True))
-    measurements, checks = measure_plans(model, "tiny", graph, plans, H200, config,
-                                         {"mosaic@fp8": replace(config.engine, **settings)})
-    row = {m.label: m for m in measurements}["mosaic@fp8"]
+    row, checks, _ = measured_variant(
+        monkeypatch, "bf16_weights=true,bf16_flat_grads=false,bf16_moments=true,"
+        "fp32_main_weights=false,fp8_first_moment=true", "mosaic@fp8")
     assert row.engine_variant["fp8_first_moment"] is True and row.median_s > 0
     assert "mosaic@fp8" in checks["gradients"]["other_kernels"]

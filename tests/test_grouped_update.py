@@ -86,35 +86,21 @@ def test_grouped_rows_are_an_engine_kind_and_a_family_of_their_own():
 
 def test_the_bench_measures_the_grouped_update_as_a_variant_and_trains_with_it(monkeypatch):
     """`mosaic bench --engine-variant ...,update_group=2` on the CPU: the plan trains its own
-    bf16 copy with the grouped optimizer, its gradients checked as the other kernels' are;
-    and the trainer builds the grouped optimizer from the engine's flags."""
-    from dataclasses import replace
-
-    from mosaic.engine import main_weights
-    from mosaic.engine.measure import BenchConfig, measure_plans, parse_variant
+    bf16 copy with the grouped optimizer; and the trainer builds the grouped optimizer from
+    the engine's flags."""
+    from mosaic.engine.measure import parse_variant
     from mosaic.engine.trainer import TrainConfig, train
-    from mosaic.hardware import H200
-    from mosaic.zoo import get_model
-    from tests.test_bench import _plans
+    from tests.helpers import measured_variant
 
-    monkeypatch.setattr(main_weights, "MIN_ELEMENTS", 1)  # the tiny model's weights go bf16
-    model = get_model("clip")
-    graph = model.graph("tiny")
-    plans = _plans(graph)
-    settings = parse_variant("bf16_weights=true,bf16_flat_grads=false,bf16_moments=true,"
-                             "fp32_main_weights=false,update_group=2")
-    label = "mosaic@grouped"
-    plans[label] = plans["mosaic"]
-    config = BenchConfig(rounds=1, steps_per_round=1, warmup_steps=0, nvml_seconds=0,
-                         in_flight_steps=2, user_programs=(), engine=EngineConfig(amp=True))
-    measurements, _ = measure_plans(model, "tiny", graph, plans, H200, config,
-                                    {label: replace(config.engine, **settings)})
-    row = {m.label: m for m in measurements}[label]
+    variant = ("bf16_weights=true,bf16_flat_grads=false,bf16_moments=true,"
+               "fp32_main_weights=false,update_group=2")
+    row, _, plans = measured_variant(monkeypatch, variant, "mosaic@grouped")
     assert row.engine_variant["update_group"] == 2 and row.median_s > 0
     steps = []
     real_step = GroupedRoundedWeightsAdamW._bf16_step
     monkeypatch.setattr(GroupedRoundedWeightsAdamW, "_bf16_step",
                         lambda self: (steps.append(self.group), real_step(self)))
     result = train(TrainConfig(model="clip", preset="tiny", plan=plans["mosaic"], steps=2,
-                               warmup_steps=0, progress=False, engine=EngineConfig(**settings)))
+                               warmup_steps=0, progress=False,
+                               engine=EngineConfig(**parse_variant(variant))))
     assert steps == [2, 2] and all(math.isfinite(s["loss"]) for s in result.steps)

@@ -123,6 +123,16 @@ def raise_recompile_limit() -> None:
                                                RECOMPILE_LIMIT)
 
 
+def compiled_update(update: Callable, device_type: str, **inductor_options: Any) -> Callable:
+    """An optimizer's update function as it is launched: itself off CUDA; on CUDA compiled
+    for each set of shapes it meets (an update compiles once a length or a group of them),
+    Dynamo's recompile limit raised."""
+    if device_type != "cuda":
+        return update
+    raise_recompile_limit()
+    return torch.compile(update, dynamic=False, options=inductor_options or None)
+
+
 class CompiledModule(nn.Module):
     """`module` behind torch.compile; on the first call's failure, the module itself, eagerly.
 

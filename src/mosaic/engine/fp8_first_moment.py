@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from mosaic.engine.compile import compiled_update
 from mosaic.engine.main_weights import hashed_bits, stochastic_bf16
 from mosaic.engine.rounded_weights import RoundedWeightsAdamW, weight_bits
 
@@ -96,14 +97,8 @@ def _first_moment_update(grad: torch.Tensor, codes: torch.Tensor, scale: torch.T
 def _first_moment_update_fn(device_type: str, beta1: float, beta2: float, eps: float,
                             weight_decay: float):
     """The update with its constants bound; on CUDA compiled for each length."""
-    update = functools.partial(_first_moment_update, beta1=beta1, beta2=beta2, eps=eps,
-                               weight_decay=weight_decay)
-    if device_type != "cuda":
-        return update
-    from mosaic.engine.compile import raise_recompile_limit
-
-    raise_recompile_limit()
-    return torch.compile(update, dynamic=False)
+    return compiled_update(functools.partial(_first_moment_update, beta1=beta1, beta2=beta2,
+                                             eps=eps, weight_decay=weight_decay), device_type)
 
 
 class Fp8FirstMomentAdamW(RoundedWeightsAdamW):

@@ -28,6 +28,7 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
+from mosaic.engine.compile import compiled_update
 from mosaic.engine.rounded_weights import RoundedWeightsAdamW, _rounded_update
 
 
@@ -42,15 +43,10 @@ def _group_update(runs: tuple[tuple[torch.Tensor, ...], ...], *scalars: torch.Te
 def _group_update_fn(device_type: str, beta1: float, beta2: float, eps: float,
                      weight_decay: float):
     """The group's update with its constants bound; on CUDA compiled with combo kernels, for
-    each set of shapes (Dynamo's recompile limit raised as for the per-weight kernels)."""
-    update = functools.partial(_group_update, beta1=beta1, beta2=beta2, eps=eps,
-                               weight_decay=weight_decay)
-    if device_type != "cuda":
-        return update
-    from mosaic.engine.compile import raise_recompile_limit
-
-    raise_recompile_limit()
-    return torch.compile(update, dynamic=False, options={"combo_kernels": True})
+    each set of shapes."""
+    return compiled_update(functools.partial(_group_update, beta1=beta1, beta2=beta2, eps=eps,
+                                             weight_decay=weight_decay), device_type,
+                           combo_kernels=True)
 
 
 class GroupedRoundedWeightsAdamW(RoundedWeightsAdamW):
