@@ -385,10 +385,16 @@ def variants_table(dir_or_files: str | Path | Iterable[str | Path], results: Pat
                          ", ".join(f"{k}={str(v).lower()}" for k, v in settings.items()),
                          ms(base["measured_iteration_s"]) if base else "–",
                          ms(r["measured_iteration_s"]), _speedup(r, base),
-                         _speedup(user_baseline(report), r), pct(mfu(report, r), signed=False)])
+                         _speedup(user_baseline(report), r), _variant_mfu(report, r)])
     return table(["file", "model", "preset", "GPUs", "batch", "run's engine", "plan",
                   "variant", "run's engine, ms", "variant, ms", "run's engine vs variant",
                   "variant vs torch-compile", f"variant MFU (of {PEAK_TFLOPS:.0f} TF/s)"], rows)
+
+
+def _variant_mfu(report: dict[str, Any], row: dict[str, Any]) -> str:
+    in_flight = in_flight_mfu(report, row)
+    return pct(mfu(report, row), signed=False) + (
+        "" if in_flight is None else f" (in flight {pct(in_flight, signed=False)})")
 
 
 @renderer("variants")
@@ -420,10 +426,17 @@ def _mfu_cell(report: dict[str, Any], mosaic: dict[str, Any] | None) -> str:
     if value is None:
         return pct(value, signed=False)
     cell = _mfu_value(value, targeted)
-    if mosaic.get("in_flight_median_s"):
-        in_flight = value * mosaic["measured_iteration_s"] / mosaic["in_flight_median_s"]
+    in_flight = in_flight_mfu(report, mosaic)
+    if in_flight is not None:
         cell += f" (in flight {_mfu_value(in_flight, targeted)})"
     return cell
+
+
+def in_flight_mfu(report: dict[str, Any], row: dict[str, Any]) -> float | None:
+    """MFU of a row's steps run in flight (the bench's window), None where not measured."""
+    if not row.get("in_flight_median_s"):
+        return None
+    return mfu(report, row) * row["measured_iteration_s"] / row["in_flight_median_s"]
 
 
 def _mfu_value(value: float, targeted: bool) -> str:

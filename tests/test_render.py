@@ -304,3 +304,4 @@ def test_the_mfu_cell_adds_the_steps_run_in_flight_each_against_the_target(prese
     row = {"measured_iteration_s": 0.06, "in_flight_median_s": 0.05}
     assert render._mfu_cell(report, row) == expected
     assert "in flight" not in render._mfu_cell(report, {"measured_iteration_s": 0.06})
+    assert render._variant_mfu(report, row) == "30.0% (in flight 36.0%)"  # no target there
