@@ -192,6 +192,19 @@ def test_bf16_engines_fall_back_to_the_fp32_twins_term_and_are_fitted_as_one_fam
     assert list(fit_engine_terms(rows)) == [family]
 
 
+def test_an_unprofiled_update_takes_the_term_of_the_update_it_varies(db_copy):
+    """The grouped and 8-bit-first-moment updates (bench variants, not profiled) fit families
+    of their own, but without one they are predicted with the family of the update they
+    change, not with the fp32 twin's: their predictions are that update's."""
+    lean = "graphs+compile-default+grads-in-graph+bf16-weights+per-weight-update+bf16-moments" \
+        "+no-main-weights"
+    with ProfileDB.open(db_copy) as db:
+        base = stored_term(db, lean)
+        for variant in ("+grouped-update", "+fp8-first-moment"):
+            term = stored_term(db, lean + variant)
+            assert term.engine == base.engine == "graphs+compile-default+grads-in-graph+bf16-weights"
+
+
 def test_refit_of_one_engine_kind_leaves_the_other_terms(db_copy):
     with ProfileDB.open(db_copy) as db:
         before = {f.name: f.params for f in db.fits()}

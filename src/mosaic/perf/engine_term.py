@@ -474,11 +474,15 @@ def refit(db_path: str | Path, results: Sequence[str | Path] = (),
 
 
 def stored_term(db: ProfileDB, engine: str | None) -> EngineTerm | None:
-    """The DB's term for `engine`, or None (no engine kind given, or none fitted for it)."""
+    """The DB's term for `engine`, or None (no engine kind given, or none fitted for it):
+    its own, its bf16 family's, for an update the profile has not timed (UNPROFILED_UPDATES)
+    the family of the update it varies (so that its prediction is that update's, and what it
+    changes shows as the model's error), else its fp32 twin's."""
     if engine is None:
         return None
     fits = {f.name: f for f in db.fits()}
-    kinds = (engine, bf16_family(engine), term_engine(engine))
+    profiled = "+".join(p for p in engine.split("+") if p not in UNPROFILED_UPDATES)
+    kinds = (engine, bf16_family(engine), bf16_family(profiled), term_engine(engine))
     fit = next((fits[FIT_PREFIX + k] for k in kinds if k and FIT_PREFIX + k in fits), None)
     return EngineTerm.from_fit(fit) if fit is not None else None
 
