@@ -87,7 +87,9 @@ def _first_moment_update(grad: torch.Tensor, codes: torch.Tensor, scale: torch.T
     new, v = torch.where(skip, main, new), torch.where(skip, v_old, v)
     bits = hashed_bits(new, step)
     new_codes, new_scale = block_scaled(m, bits & 0xFF)
-    codes.copy_(torch.where(skip, codes, new_codes))
+    # Selected as bytes: Inductor's CPU code generator cannot promote a select's bool with float8
+    codes.view(torch.uint8).copy_(torch.where(skip, codes.view(torch.uint8),
+                                              new_codes.view(torch.uint8)))
     scale.copy_(torch.where(skip, scale, new_scale))
     exp_avg_sq.copy_(stochastic_bf16(v, (bits >> 16) & 0xFFFF)[:n])
     weight.copy_(stochastic_bf16(new, weight_bits(new, step))[:n])
