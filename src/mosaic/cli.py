@@ -607,19 +607,11 @@ def train(
                 if k not in ("ctx", "config", "set_")}  # the parameters, for the run folder
     if config is not None or set_:  # the job file's values where the command line gave none
         return ctx.invoke(train, **_with_job(ctx, config, set_ or []))
-    if model is None:
-        raise OptionError("MODEL is missing: name a zoo model, or give `model` in --config")
-    if out is not None:
-        from mosaic.report.run_folder import check_run_dir
-
-        check_run_dir(out, overwrite)
-    if autotune and plan_file is not None:
-        raise OptionError("--autotune picks the plan by measurement, --plan gives one; pass one "
-                          "of them")
+    _check_train_options(model, out, overwrite, plan_file, autotune,
+                         {"--no-bf16-flat-grads": bf16_flat_grads is False,
+                          "--bf16-moments": bf16_moments,
+                          "--no-fp32-main-weights": not fp32_main_weights}, bf16_weights)
     skip = _autotune_skip(autotune_skip, autotune)
-    _require_bf16_weights(bf16_weights, {"--no-bf16-flat-grads": bf16_flat_grads is False,
-                                         "--bf16-moments": bf16_moments,
-                                         "--no-fp32-main-weights": not fp32_main_weights})
 
     from mosaic.data import check_dataset
     from mosaic.engine.checkpoint import CheckpointConfig
@@ -659,20 +651,57 @@ def train(
                                 torch_trace_dir=str(torch_trace) if torch_trace else None)
     finally:
         end_distributed(d)
-    stopped = result.summary.get("stopped")
     result.summary["predicted_guard_s"] = _guard_estimate(result.plan, model, str(preset), batch,
                                                           engine, hardware)
     if int(os.environ.get("RANK", "0")) == 0:
-        if out is not None:
-            _write_run_folder(out, resolved, result, model, str(preset), batch, hardware,
-                              str(perf_model), profile_db, engine, d.device.type)
-        if torch_trace is not None:
-            from mosaic.report.kernel_time import summarise_trace_dir
-
-            summarise_trace_dir(torch_trace)
-        _say_trained(result, data)
-    if stopped is not None:  # every rank: the run did not finish (SIGTERM), its state is kept
+        _report_training(result, resolved, engine, d.device.type)
+    if result.summary.get("stopped") is not None:  # every rank: it stopped (SIGTERM), state kept
         raise typer.Exit(EXIT_INTERRUPTED)
+
+
+def _check_train_options(model: str | None, out: Path | None, overwrite: bool,
+                         plan_file: Path | None, autotune: int, bf16_flags: dict[str, bool],
+                         bf16_weights: bool) -> None:
+    """What `mosaic train`'s options ask for together, refused before anything is set up."""
+    if model is None:
+        raise OptionError("MODEL is missing: name a zoo model, or give `model` in --config")
+    if out is not None:
+        from mosaic.report.run_folder import check_run_dir
+
+        check_run_dir(out, overwrite)
+    if autotune and plan_file is not None:
+        raise OptionError("--autotune picks the plan by measurement, --plan gives one; pass one "
+                          "of them")
+    _require_bf16_weights(bf16_weights, bf16_flags)
+
+
+def _report_training(result, options: dict[str, Any], engine, device_type: str) -> None:
+    """Rank 0's account of a finished (or stopped) run: the run folder, the trace's kernel
+    table, the closing line. `options`: train's parameters as resolved."""
+    if options["out"] is not None:
+        _write_run_folder(options, result, engine, device_type)
+    if options["torch_trace"] is not None:
+        from mosaic.report.kernel_time import summarise_trace_dir
+
+        summarise_trace_dir(Path(options["torch_trace"]))
+    _say_trained(result, options["data"])
+
+
+def _write_run_folder(options: dict[str, Any], result, engine, device_type: str) -> None:
+    """The run folder (mosaic.report.run_folder): train's options, the plan, and the
+    prediction for the engine that ran beside the run."""
+    from mosaic.hardware import make_cluster
+    from mosaic.report.run_folder import write_run_folder
+    from mosaic.zoo import get_model
+
+    preset, db = str(options["preset"]), options["profile_db"]
+    graph = get_model(options["model"]).graph(preset, global_batch=options["batch"])
+    gpus = result.plan.num_gpus
+    perf = load_perf_model(str(options["perf_model"]), make_cluster(gpus, str(options["hardware"])),
+                           preset, Path(db) if db else None, accumulation=engine.accumulation,
+                           engine=predicted_engine_kind(engine, gpus, device_type))
+    write_run_folder(Path(options["out"]), config={**options, "plan": result.plan.to_dict()},
+                     result=result, graph=graph, perf=perf)
 
 
 def _training_plan(model: str, preset: str, batch: int | None, gpus: int, hardware,
@@ -911,24 +940,6 @@ def _with_job(ctx, config: Path | None, overrides: list[str]) -> dict:
             raise JobConfigError(f"{field[name]} = {value!r}: {exc}{valid}") from None
         params[name] = value
     return params
-
-
-def _write_run_folder(out: Path, resolved: dict, result, model: str, preset: str,
-                      batch: int | None, hardware, perf_model: str,
-                      profile_db: Path | None, engine, device_type: str) -> None:
-    """The run folder on rank 0 (mosaic.report.run_folder), the prediction (for the engine
-    that ran) beside the run."""
-    from mosaic.hardware import make_cluster
-    from mosaic.report.run_folder import write_run_folder
-    from mosaic.zoo import get_model
-
-    graph = get_model(model).graph(preset, global_batch=batch)
-    gpus = result.plan.num_gpus
-    perf = load_perf_model(perf_model, make_cluster(gpus, str(hardware)), preset, profile_db,
-                           accumulation=engine.accumulation,
-                           engine=predicted_engine_kind(engine, gpus, device_type))
-    write_run_folder(out, config={**resolved, "plan": result.plan.to_dict()}, result=result,
-                     graph=graph, perf=perf)
 
 
 def _quota_state(plan, pool: dict) -> str:
