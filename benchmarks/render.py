@@ -1063,27 +1063,38 @@ def autotune_choices(results: Path, arg: str | None) -> str:
 
 # --- `mosaic train --autotune K`: the plans measured at start-up, the one trained ---------------
 
+def _kept(tuned: dict[str, Any]) -> dict[str, Any]:
+    """The candidate autotune kept: named since it ranks by steps in flight, which a plan's
+    meta of before (the lowest per-step median kept) lacks."""
+    if "chosen" in tuned:
+        return next(m for m in tuned["chosen_from"] if m["label"] == tuned["chosen"])
+    return min(tuned["chosen_from"], key=lambda m: m["measured_s"])
+
+
 @renderer("train-autotune")
 def train_autotune(results: Path, arg: str | None) -> str:
     """Each `*_plan.json` (a run folder's plan.json) under results/ARG with its `*_summary.json`:
-    every candidate autotune measured, the one kept, its start-up, and the trained steps."""
+    every candidate autotune measured (per step, and in flight where it ran steps so), the one
+    kept, its start-up, and the trained steps."""
     if not arg:
         raise RenderError("train-autotune needs a directory under results/")
     rows = []
     for path in sorted((results / arg).glob("*_plan.json")):
         tuned = load(path)["meta"]["autotune"]
         summary = load(path.with_name(path.name.replace("_plan.json", "_summary.json")))
-        kept = min(tuned["chosen_from"], key=lambda m: m["measured_s"])
+        kept = _kept(tuned)
         for m in tuned["chosen_from"]:
             settings = ", ".join(f"{k}={v}" for k, v in m["engine_settings"].items()) or "–"
             rows.append([summary["model"], summary["preset"], str(summary["global_batch"]),
                          m["label"] + (" (baseline)" if m["baseline"] else ""), settings,
                          f"{m['predicted_s'] * 1e3:.2f}", f"{m['measured_s'] * 1e3:.2f}",
+                         f"{m['in_flight_s'] * 1e3:.2f}" if m.get("in_flight_s") else "–",
                          "kept" if m is kept else "",
                          f"{tuned['startup_s']:.1f}" if m is kept else "",
                          f"{summary['step_time_median_s'] * 1e3:.2f}" if m is kept else ""])
     return table(["model", "preset", "batch", "plan", "engine settings", "predicted, ms",
-                  "measured at start-up, ms", "", "autotune start-up, s",
+                  "measured at start-up, ms", "in flight at start-up (ranked by, where "
+                  "measured), ms", "", "autotune start-up, s",
                   "trained, median step ms"], rows)
 
 

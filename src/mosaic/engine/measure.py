@@ -285,10 +285,14 @@ class PlanMeasurement:
                             for e in self.timeline],
         }
 
+    @property
+    def in_flight_median_s(self) -> float | None:
+        """The median of its windows' mean step (None: no steps were run in flight)."""
+        times = self.in_flight_step_times_s
+        return float(np.median(times)) if times else None
+
     def _in_flight_summary(self) -> dict[str, Any]:
-        if not self.in_flight_step_times_s:
-            return {"in_flight_median_s": None, "in_flight_windows": 0}
-        return {"in_flight_median_s": float(np.median(self.in_flight_step_times_s)),
+        return {"in_flight_median_s": self.in_flight_median_s,
                 "in_flight_windows": len(self.in_flight_step_times_s)}
 
     def _launch_summary(self) -> dict[str, Any]:
