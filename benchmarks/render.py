@@ -1239,7 +1239,8 @@ def moments_drift(results: Path, arg: str | None) -> str:
 @renderer("update-bits")
 def update_bits(results: Path, arg: str | None) -> str:
     """benchmarks/rounded_update_bits.py's JSON files (comma-separated, under results/): per
-    run and update, GPU time and bytes moved over it."""
+    run and update, GPU time, bytes moved over it, and the kernels Inductor generated for it
+    (where the run counted them)."""
     paths = [results / name for name in (arg or "").split(",") if name]
     if not paths or not all(p.is_file() for p in paths):
         raise RenderError("update-bits needs rounded_update_bits.py's JSON files under results/")
@@ -1247,10 +1248,11 @@ def update_bits(results: Path, arg: str | None) -> str:
     for path in paths:
         run = load(path)
         rows += [[str(path.relative_to(results)), f"2^{run['numel'].bit_length() - 1}", name,
-                  f"{row['gpu_ms']:.3f}", str(row["bytes_per_param"]), f"{row['tb_per_s']:.2f}"]
+                  f"{row['gpu_ms']:.3f}", str(row["bytes_per_param"]), f"{row['tb_per_s']:.2f}",
+                  str(row.get("kernels") or "–")]
                  for name, row in run["rows"].items()]
     return table(["file", "parameters", "update", "GPU time, ms", "bytes a parameter",
-                  "TB/s"], rows)
+                  "TB/s", "kernels generated"], rows)
 
 
 # --- checkpoint saves written before the next step or in the background ------------------------

@@ -29,6 +29,8 @@ import functools
 import json
 
 import torch
+from torch._inductor import config as inductor_config
+from torch._inductor import metrics
 
 from mosaic.engine.fp8_first_moment import BLOCK, _first_moment_update_fn
 from mosaic.engine.main_weights import _adamw_update, _update_fn, hashed_bits, stochastic_bf16
@@ -119,22 +121,32 @@ def _time_copy(numel: int) -> float:
     return gpu_ms(functools.partial(target.copy_, source))
 
 
+def _counted(time_it) -> tuple[float, int]:
+    """(ms, kernels): `time_it()`'s time and how many kernels Inductor generated compiling
+    it (its on-disk cache off, so a cached graph is not counted as none). One kernel streams
+    each byte once; more re-read the inputs between them."""
+    metrics.reset()
+    with inductor_config.patch(fx_graph_cache=False):
+        ms = time_it()
+    return ms, metrics.generated_kernel_count
+
+
 def measure(numel: int) -> dict:
-    rows = {"with main weights": (_time_with_main(numel), WITH_MAIN_BYTES)}
+    rows = {"with main weights": (*_counted(lambda: _time_with_main(numel)), WITH_MAIN_BYTES)}
     library = _rounded_update_fn("cuda", *BETAS, EPS, 0.0)
     for name, update in (("without: engine/rounded_weights.py", library),
                          ("without: weight bits a second hash", _without_main(_second_hash)),
                          ("without: rounded to nearest", _without_main(None))):
-        rows[name] = (_time_without(numel, update), WITHOUT_MAIN_BYTES)
+        rows[name] = (*_counted(lambda u=update: _time_without(numel, u)), WITHOUT_MAIN_BYTES)
         torch.cuda.empty_cache()
-    rows["without: fp8 first moment, bf16 second"] = (_time_fp8_first_moment(numel),
-                                                       FP8_FIRST_MOMENT_BYTES)
+    rows["without: fp8 first moment, bf16 second"] = (
+        *_counted(lambda: _time_fp8_first_moment(numel)), FP8_FIRST_MOMENT_BYTES)
     torch.cuda.empty_cache()
-    copy_ms = _time_copy(numel)
-    rows["copy: 6 bytes a parameter each way"] = (copy_ms, 12)
+    rows["copy: 6 bytes a parameter each way"] = (_time_copy(numel), 0, 12)
     return {"numel": numel, "device": torch.cuda.get_device_name(), "torch": torch.__version__,
-            "rows": {name: {"gpu_ms": ms, "bytes_per_param": b,
-                            "tb_per_s": numel * b / ms / 1e9} for name, (ms, b) in rows.items()}}
+            "rows": {name: {"gpu_ms": ms, "bytes_per_param": b, "kernels": kernels or None,
+                            "tb_per_s": numel * b / ms / 1e9}
+                     for name, (ms, kernels, b) in rows.items()}}
 
 
 def main() -> None:
@@ -145,7 +157,7 @@ def main() -> None:
     result = measure(args.numel)
     for name, row in result["rows"].items():
         print(f"{name:40s} {row['gpu_ms']:7.3f} ms {row['bytes_per_param']:3d} B/param "
-              f"{row['tb_per_s']:5.2f} TB/s")
+              f"{row['tb_per_s']:5.2f} TB/s  kernels {row['kernels'] or '-'}")
     if args.out:
         with open(args.out, "w") as f:
             json.dump(result, f, indent=1)
