@@ -1110,7 +1110,8 @@ def _autotune_skip(names: str, autotune: int) -> tuple[str, ...]:
 
 
 def _say_autotuned(result, db: Path | None) -> None:
-    basis = "in flight" if result.ranked_s != result.measured_s else "a step"
+    in_flight = any(m.in_flight_s is not None for m in result.measurements)
+    basis = "in flight" if in_flight else "a step"
     typer.echo(f"autotune: chose {result.label!r} of {len(result.measurements)} measured plans "
                f"({result.ranked_s * 1e3:.2f} ms {basis} vs best baseline "
                f"{result.best_baseline_s * 1e3:.2f} ms); start-up {result.startup_s:.1f} s",
