@@ -264,11 +264,15 @@ def test_moments_digits_gives_each_settings_mean_and_spread_over_seeds(tmp_path)
 
 
 def test_update_bits_lists_each_runs_updates_with_their_bandwidth(tmp_path):
-    rows = {"with main weights": {"gpu_ms": 1.4, "bytes_per_param": 20, "tb_per_s": 3.83}}
+    """A run before the kernels were counted shows –; a counted one, the count."""
+    rows = {"with main weights": {"gpu_ms": 1.4, "bytes_per_param": 20, "tb_per_s": 3.83},
+            "without: fp8 first moment, bf16 second": {
+                "gpu_ms": 1.1, "bytes_per_param": 12, "tb_per_s": 2.93, "kernels": 3}}
     (tmp_path / "a").mkdir()
     (tmp_path / "a" / "b.json").write_text(json.dumps({"numel": 1 << 28, "rows": rows}))
     lines = render.update_bits(tmp_path, "a/b.json").splitlines()
-    assert lines[2] == "| a/b.json | 2^28 | with main weights | 1.400 | 20 | 3.83 |"
+    assert lines[2] == "| a/b.json | 2^28 | with main weights | 1.400 | 20 | 3.83 | – |"
+    assert lines[3].endswith("| 1.100 | 12 | 2.93 | 3 |")
     with pytest.raises(render.RenderError, match="update-bits needs"):
         render.update_bits(tmp_path, "a/missing.json")
 
