@@ -121,14 +121,14 @@ def _time_copy(numel: int) -> float:
     return gpu_ms(functools.partial(target.copy_, source))
 
 
-def _counted(time_it) -> tuple[float, int]:
+def _counted(time_it) -> tuple[float, int | None]:
     """(ms, kernels): `time_it()`'s time and how many kernels Inductor generated compiling
     it (its on-disk cache off, so a cached graph is not counted as none). One kernel streams
     each byte once; more re-read the inputs between them."""
     metrics.reset()
     with inductor_config.patch(fx_graph_cache=False):
         ms = time_it()
-    return ms, metrics.generated_kernel_count
+    return ms, metrics.generated_kernel_count or None  # 0: nothing compiled here
 
 
 def measure(numel: int) -> dict:
@@ -142,9 +142,9 @@ def measure(numel: int) -> dict:
     rows["without: fp8 first moment, bf16 second"] = (
         *_counted(lambda: _time_fp8_first_moment(numel)), FP8_FIRST_MOMENT_BYTES)
     torch.cuda.empty_cache()
-    rows["copy: 6 bytes a parameter each way"] = (_time_copy(numel), 0, 12)
+    rows["copy: 6 bytes a parameter each way"] = (_time_copy(numel), None, 12)
     return {"numel": numel, "device": torch.cuda.get_device_name(), "torch": torch.__version__,
-            "rows": {name: {"gpu_ms": ms, "bytes_per_param": b, "kernels": kernels or None,
+            "rows": {name: {"gpu_ms": ms, "bytes_per_param": b, "kernels": kernels,
                             "tb_per_s": numel * b / ms / 1e9}
                      for name, (ms, kernels, b) in rows.items()}}
 

@@ -607,10 +607,7 @@ def train(
                 if k not in ("ctx", "config", "set_")}  # the parameters, for the run folder
     if config is not None or set_:  # the job file's values where the command line gave none
         return ctx.invoke(train, **_with_job(ctx, config, set_ or []))
-    _check_train_options(model, out, overwrite, plan_file, autotune,
-                         {"--no-bf16-flat-grads": bf16_flat_grads is False,
-                          "--bf16-moments": bf16_moments,
-                          "--no-fp32-main-weights": not fp32_main_weights}, bf16_weights)
+    _check_train_options(resolved)
     skip = _autotune_skip(autotune_skip, autotune)
 
     from mosaic.data import check_dataset
@@ -659,20 +656,22 @@ def train(
         raise typer.Exit(EXIT_INTERRUPTED)
 
 
-def _check_train_options(model: str | None, out: Path | None, overwrite: bool,
-                         plan_file: Path | None, autotune: int, bf16_flags: dict[str, bool],
-                         bf16_weights: bool) -> None:
-    """What `mosaic train`'s options ask for together, refused before anything is set up."""
-    if model is None:
+def _check_train_options(options: dict[str, Any]) -> None:
+    """What `mosaic train`'s options (its parameters as resolved) ask for together, refused
+    before anything is set up."""
+    if options["model"] is None:
         raise OptionError("MODEL is missing: name a zoo model, or give `model` in --config")
-    if out is not None:
+    if options["out"] is not None:
         from mosaic.report.run_folder import check_run_dir
 
-        check_run_dir(out, overwrite)
-    if autotune and plan_file is not None:
+        check_run_dir(Path(options["out"]), options["overwrite"])
+    if options["autotune"] and options["plan_file"] is not None:
         raise OptionError("--autotune picks the plan by measurement, --plan gives one; pass one "
                           "of them")
-    _require_bf16_weights(bf16_weights, bf16_flags)
+    _require_bf16_weights(options["bf16_weights"],
+                          {"--no-bf16-flat-grads": options["bf16_flat_grads"] is False,
+                           "--bf16-moments": options["bf16_moments"],
+                           "--no-fp32-main-weights": not options["fp32_main_weights"]})
 
 
 def _report_training(result, options: dict[str, Any], engine, device_type: str) -> None:
