@@ -1,16 +1,21 @@
-"""One process of test_user_program's multi-process test (gloo, CPU):
+"""One process of test_user_program's multi-process tests (gloo, CPU):
 
     OMP_NUM_THREADS=1 python -m torch.distributed.run --standalone --nproc-per-node 2 \
-        tests/user_program_driver.py OUT_DIR MODEL [MODEL ...]
+        tests/user_program_driver.py [--shard-states] [--compile MODE] [--reduce-dtype bf16] \
+        OUT_DIR MODEL [MODEL ...]
 
 For each zoo model (tiny preset, seed-0 batch, as the test's one-process reference), every rank
-runs two eager UserProgram steps, gradients zeroed before each (the second step checks that DDP
-starts each iteration afresh), and writes OUT_DIR/MODEL/rank{r}.safetensors: the two loss shares
-("loss.0", "loss.1") and every parameter's gradient after the second step ("grad.MODULE.PARAM").
+runs two UserProgram steps (eager unless --compile; DDP, or FSDP2 with --shard-states; the
+gradients reduced in fp32 unless --reduce-dtype bf16),
+gradients zeroed before each (the second step checks that each iteration starts afresh), and
+writes OUT_DIR/MODEL/rank{r}.safetensors: the two loss shares ("loss.0", "loss.1"), every
+parameter's whole gradient after the second step ("grad.MODULE.PARAM") and the seconds spent
+compiling ("compile_seconds").
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -18,6 +23,7 @@ import torch
 import torch.distributed as dist
 from safetensors.torch import save_file
 
+from mosaic.engine.tensor_parallel import full_tensor
 from mosaic.engine.user_program import UserProgram
 from mosaic.graph import MMGraph, ModuleSpec
 from mosaic.zoo import get_model
@@ -37,13 +43,15 @@ def structure_graph(name: str) -> MMGraph:
                    edges=model.edges, global_batch=model.preset("tiny").global_batch)
 
 
-def run_model(name: str, out_dir: Path) -> None:
+def run_model(name: str, out_dir: Path, shard_states: bool, compile_mode: str | None,
+              reduce_dtype: torch.dtype) -> None:
     model = get_model(name)
     graph = structure_graph(name)
     modules = model.build_modules("tiny")
     batch = model.make_inputs("tiny", graph.global_batch, torch.Generator().manual_seed(0))
-    program = UserProgram(graph=graph, modules=modules, compile_mode=None,
-                          device=torch.device("cpu"))
+    program = UserProgram(graph=graph, modules=modules, compile_mode=compile_mode,
+                          device=torch.device("cpu"), shard_states=shard_states,
+                          reduce_dtype=reduce_dtype)
     data = program.local_batch(batch)
     saved = {}
     for step in range(2):
@@ -52,18 +60,27 @@ def run_model(name: str, out_dir: Path) -> None:
         saved[f"loss.{step}"] = program.step(data).reshape(1)
     for m, module in modules.items():
         for p_name, p in module.named_parameters():
-            saved[f"grad.{m}.{p_name}"] = p.grad.contiguous()
+            saved[f"grad.{m}.{p_name}"] = full_tensor(p.grad).contiguous()
+    saved["compile_seconds"] = torch.tensor([program.compile_seconds])
     where = out_dir / name
     where.mkdir(parents=True, exist_ok=True)
     save_file(saved, str(where / f"rank{dist.get_rank()}.safetensors"))
 
 
 def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--shard-states", action="store_true")
+    parser.add_argument("--compile", default=None)
+    parser.add_argument("--reduce-dtype", choices=("fp32", "bf16"), default="fp32")
+    parser.add_argument("out_dir", type=Path)
+    parser.add_argument("models", nargs="+")
+    args = parser.parse_args(argv)
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     try:
-        for name in argv[1:]:
-            run_model(name, Path(argv[0]))
+        for name in args.models:
+            run_model(name, args.out_dir, args.shard_states, args.compile,
+                      torch.bfloat16 if args.reduce_dtype == "bf16" else torch.float32)
     finally:
         dist.destroy_process_group()
 

@@ -37,13 +37,38 @@ def shard_module(module: nn.Module, group: Any, device: torch.device, *, divide_
     build the optimizer after this; the module is now also an FSDPModule). Returns the
     parameters left whole on every GPU, whose gradients the caller must all-reduce: the
     scalars (a contrastive head's temperature), which fully_shard cannot shard."""
-    mesh = DeviceMesh.from_group(group, device.type)
     policy = MixedPrecisionPolicy(reduce_dtype=reduce_dtype)  # weights stay fp32 (autocast)
-    whole = [p for p in module.parameters() if p.dim() == 0]
-    for unit in layer_units(module):
+    return shard_modules(module, [module], DeviceMesh.from_group(group, device.type), policy,
+                         divide_by)
+
+
+def shard_program(program: nn.Module, modules: list[nn.Module], mesh: DeviceMesh, *,
+                  divide_by: int, param_dtype: torch.dtype | None = None,
+                  reduce_dtype: torch.dtype = torch.float32) -> list[nn.Parameter]:
+    """What a user writes with FSDP2 (torchtitan's recipe): each module's layers, then each
+    module, then `program` (the root, which holds `modules`) sharded over `mesh`, the weights
+    gathered in `param_dtype` (None: as stored) and the gradients reduced in `reduce_dtype`.
+    Returns the scalars left whole, as shard_module does."""
+    policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
+    return shard_modules(program, modules, mesh, policy, divide_by)
+
+
+def shard_modules(root: nn.Module, modules: list[nn.Module], mesh: DeviceMesh,
+                  policy: MixedPrecisionPolicy, divide_by: int) -> list[nn.Parameter]:
+    """Every module's layer units, then every module, then `root` (when it is not one of
+    them), each a unit; the gradients of all SUM and are divided by `divide_by`."""
+    whole = [p for p in root.parameters() if p.dim() == 0]
+
+    def shard(unit: nn.Module) -> None:
         fully_shard(unit, mesh=mesh, mp_policy=policy, ignored_params=set(whole))
-    fully_shard(module, mesh=mesh, mp_policy=policy, ignored_params=set(whole))
-    for unit in module.modules():
+
+    for module in modules:
+        for unit in layer_units(module):
+            shard(unit)
+        shard(module)
+    if all(root is not m for m in modules):
+        shard(root)
+    for unit in root.modules():
         if isinstance(unit, FSDPModule):
             unit.set_gradient_divide_factor(float(divide_by))
             unit.set_force_sum_reduction_for_comms(True)

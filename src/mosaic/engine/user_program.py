@@ -3,7 +3,7 @@
 What an ML engineer writes by hand without mosaic: every module in graph order in ONE
 autograd graph, bf16 autocast on CUDA, optionally `torch.compile` per module, and
 DistributedDataParallel over the whole world (every rank holds the whole model and its
-contiguous slice of the global batch). The modules are the ones the plans train (shared
+contiguous slice of the global batch), or FSDP2 (below). The modules are the ones the plans train (shared
 weights): they are neither copied nor changed here; compiled wrappers are separate objects.
 
 Gradient scale (W = world size, N = global batch, n = N / W samples per rank). After `step`,
@@ -25,11 +25,21 @@ ranks is the global loss, as with PlanRunner.
 
 DDP and shared modules: this DDP (not static_graph) ignores backward passes it did not start,
 so the plans may train the same parameters before, between and after its steps.
+
+FSDP2 (`shard_states=True`), what the same user writes when the replicas do not fit (torchtitan's
+recipe): each module's layers, then each module, then the whole program are `fully_shard` units
+over the world; the weights are gathered in bf16 for compute where autocast is on (FSDP2's
+mixed precision) and the gradients reduce-scattered in fp32, summed and divided by W, which is
+DDP's average above, so the gradient scale is the same. FSDP2 cannot shard a scalar (a
+contrastive head's temperature): those stay whole and their gradients are averaged by hand after
+backward. It shards its modules in place: give it modules no one else trains. Compiled, it runs
+without CUDA graphs (FSDP2 gathers and frees each layer's weights outside the compiled code).
 """
 
 from __future__ import annotations
 
 import inspect
+import logging
 import time
 from collections.abc import Callable
 from typing import Any
@@ -37,10 +47,14 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
+from torch.distributed.device_mesh import DeviceMesh
 
 from mosaic.engine.compile import MOSAIC_MODES, mode_options
+from mosaic.engine.fsdp import shard_program
 from mosaic.errors import MosaicError
 from mosaic.graph import MMGraph
+
+log = logging.getLogger(__name__)
 
 CompileFn = Callable[[str, nn.Module, str], Callable[..., Any]]
 """(module name, module, mode) -> the callable that runs the module (a separate object)."""
@@ -139,7 +153,9 @@ def _needs_global_batch(module: nn.Module) -> bool:
 
 
 class UserProgram:
-    """Modules in graph order in ONE autograd graph, bf16 autocast on CUDA, DDP over the world.
+    """Modules in graph order in ONE autograd graph, bf16 autocast on CUDA, DDP (or FSDP2)
+    over the world. `reduce_dtype=torch.bfloat16` sums the gradients in bf16, as the engine's
+    `reduce_dtype='bf16'` does: DDP's `bf16_compress_hook` (NCCL only), FSDP2's reduce_dtype.
 
     `step(local_batch(batch))` runs forward and backward and leaves in every parameter's
     `.grad` the gradient of the global loss (see the module docstring); the optimizer, and
@@ -148,20 +164,34 @@ class UserProgram:
 
     def __init__(self, *, graph: MMGraph, modules: dict[str, nn.Module], compile_mode: str | None,
                  device: torch.device, amp: bool | None = None,
-                 compile_fn: CompileFn | None = None) -> None:
+                 compile_fn: CompileFn | None = None, shard_states: bool = False,
+                 reduce_dtype: torch.dtype = torch.float32) -> None:
         self.graph, self.device = graph, torch.device(device)
         self.compile_mode = compile_mode
         self.rank, self.world_size = world()
         _check(graph, modules, compile_mode, self.world_size)
+        if shard_states:
+            _check_sharding(compile_mode, self.world_size)
         cuda = self.device.type == "cuda"
         self.amp = cuda if amp is None else amp
-        compile_fn = compile_fn or plain_compile
-        callables = {m: modules[m] if compile_mode is None else compile_fn(m, modules[m], compile_mode)
-                     for m in graph.names}
-        self.program = GraphProgram(graph, modules, callables, self.amp, self.device.type)
+        self.param_dtype = torch.bfloat16 if shard_states and self.amp else None
+        """The dtype FSDP2 gathers the weights in for compute (None: as stored, fp32)."""
+        self.program = GraphProgram(graph, modules, dict(modules), self.amp, self.device.type)
         self.model: nn.Module = self.program
-        if self.world_size > 1:
-            self.model = _wrap_ddp(self.program, self.device)
+        self.whole_params: list[nn.Parameter] = []
+        """Scalars FSDP2 leaves whole: their gradients are averaged by hand after backward."""
+        if shard_states:
+            mesh = DeviceMesh.from_group(dist.group.WORLD, self.device.type)
+            self.whole_params = shard_program(self.program, [modules[m] for m in graph.names],
+                                              mesh, divide_by=self.world_size,
+                                              param_dtype=self.param_dtype,
+                                              reduce_dtype=reduce_dtype)
+        elif self.world_size > 1:
+            self.model = _wrap_ddp(self.program, self.device, reduce_dtype)
+        if compile_mode is not None:
+            compile_fn = compile_fn or plain_compile
+            self.program.callables = {m: compile_fn(m, modules[m], compile_mode)
+                                      for m in graph.names}
         self.compile_seconds = 0.0
         """Wall seconds spent compiling: the first steps' time beyond a compiled step's."""
         self._compile_steps = 0 if compile_mode is None else (
@@ -199,11 +229,20 @@ class UserProgram:
                 f"sink {self.graph.names[-1]!r} must return a scalar loss tensor, got "
                 f"{getattr(loss, 'shape', type(loss).__name__)}; reduce the loss to a scalar")
         loss.backward()
+        self._average_whole_grads()
         share = loss.detach().float() / self.world_size
         if timed:
             self._first_steps_s.append(self._now() - start_s)
             self._account_compile()
         return share
+
+    def _average_whole_grads(self) -> None:
+        grads = [p.grad for p in self.whole_params if p.grad is not None]
+        if grads:
+            flat = torch.stack([g.reshape(()) for g in grads])
+            dist.all_reduce(flat)
+            for g, total in zip(grads, flat.unbind(), strict=True):
+                g.copy_(total / self.world_size)
 
     # --- compile time --------------------------------------------------------------------
     def _now(self) -> float:
@@ -221,13 +260,16 @@ class UserProgram:
         self.compile_seconds = max(0.0, warm)
 
 
-def _wrap_ddp(program: GraphProgram, device: torch.device) -> nn.Module:
+def _wrap_ddp(program: GraphProgram, device: torch.device,
+              reduce_dtype: torch.dtype = torch.float32) -> nn.Module:
     """DDP over the WORLD around the whole program: buckets all-reduced (averaged) as the
-    backward makes gradients ready. Two departures from DDP's defaults, both because the
+    backward makes gradients ready, in bf16 with torch's `bf16_compress_hook` when
+    `reduce_dtype` is bf16. Two departures from DDP's defaults, both because the
     modules are shared with the plans and must not be written here: no start-up broadcast of
     the weights (`init_sync=False`: they are identical on every rank by construction, a
     function of the seed and module name) and no per-step broadcast of buffers (the zoo's are
     constants: position ids, rotary frequencies; there are no running statistics)."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
     from torch.nn.parallel import DistributedDataParallel
 
     device_ids = None
@@ -238,8 +280,28 @@ def _wrap_ddp(program: GraphProgram, device: torch.device) -> nn.Module:
     parameters = inspect.signature(DistributedDataParallel.__init__).parameters
     no_buffer_sync = ({"forward_sync_buffers": False} if "forward_sync_buffers" in parameters
                       else {"broadcast_buffers": False})
-    return DistributedDataParallel(program, device_ids=device_ids, init_sync=False,
-                                   **no_buffer_sync)
+    ddp = DistributedDataParallel(program, device_ids=device_ids, init_sync=False,
+                                  **no_buffer_sync)
+    if reduce_dtype == torch.bfloat16 and dist.get_backend() == dist.Backend.NCCL:
+        ddp.register_comm_hook(None, default_hooks.bf16_compress_hook)
+    elif reduce_dtype == torch.bfloat16:  # torch's hook refuses gloo: a CPU run is a smoke test
+        log.warning("the user program's DDP reduces its gradients in fp32: torch's bf16 hook "
+                    "needs NCCL, and this world runs %s", dist.get_backend())
+    elif reduce_dtype != torch.float32:
+        raise UserProgramError(f"reduce_dtype={reduce_dtype}; use torch.float32 or torch.bfloat16")
+    return ddp
+
+
+def _check_sharding(compile_mode: str | None, world_size: int) -> None:
+    if world_size < 2:
+        raise UserProgramError("shard_states=True shards the training states over the world, "
+                               "which is one process; launch several (`torchrun "
+                               "--nproc-per-node N`) or use the DDP program (shard_states=False)")
+    if compile_mode in _CUDA_GRAPH_MODES:
+        raise UserProgramError(
+            f"compile_mode={compile_mode!r} captures CUDA graphs, which the FSDP2 program does "
+            "not use: FSDP2 gathers and frees each layer's weights around it, outside the "
+            "compiled code. Use compile_mode='default' (torchtitan's choice) or None (eager)")
 
 
 def _check(graph: MMGraph, modules: dict[str, nn.Module], compile_mode: str | None,
