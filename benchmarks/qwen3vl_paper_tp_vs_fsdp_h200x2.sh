@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# PREPARED, NOT YET RUN. One device call on 2 x H200 (about 8 minutes), results under $1.
+# PREPARED, NOT YET RUN. One device call on 2 x H200 (up to LIMIT seconds, default 580),
+# results under $1.
 # Qwen3-VL `paper` (8.6 B parameters) fits no H200 whole: its LLM's states are 113 GiB and
 # autocast's bf16 copies of its weights 14 GiB more. Two ways to split it over two GPUs, in one
 # bench run, one plan at a time (each trains its own copy of the modules, and the two do not fit
@@ -8,13 +9,21 @@
 # h200-paper-compiled/qwen3-vl-2gpu/). Compiled by blocks (an 8 B LLM compiled whole takes
 # minutes); each plan's graph memory and the group peaks come back in the JSON, against the
 # memory model's estimate (which now counts the bf16 weight copies).
+# Beside them, what the user runs when DDP's replicas do not fit: their torch.compile program
+# on FSDP2 (USERS, default torch-compile-fsdp; USERS="" for none), set up, checked and timed
+# in a group of its own first (`--user-rounds alone`: it and a plan do not fit together), the
+# reference both plans are checked against. If the run runs out of time, run it again with
+# USERS="" and then PLANNERS=megatron, each a call of its own.
 set -u
 OUT=${1:?usage: qwen3vl_paper_tp_vs_fsdp_h200x2.sh OUT}
+USERS=${USERS-torch-compile-fsdp}
+PLANNERS=${PLANNERS:-megatron,mosaic}
 mkdir -p "$OUT" /tmp/logs
 export PYTHONPATH=src NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
-timeout 470 torchrun --standalone --nproc-per-node 2 -m mosaic bench qwen3-vl --gpus 2 \
-  --preset paper --perf-model profiled --plans benchmarks/plans/h200-paper-compiled/qwen3-vl-2gpu \
-  --planners megatron,mosaic --plans-at-once 1 --compile-scope blocks --user-programs "" \
+timeout -k 10 "${LIMIT:-580}" torchrun --standalone --nproc-per-node 2 -m mosaic bench qwen3-vl \
+  --gpus 2 --preset paper --perf-model profiled \
+  --plans benchmarks/plans/h200-paper-compiled/qwen3-vl-2gpu --planners "$PLANNERS" \
+  --plans-at-once 1 --compile-scope blocks --user-programs "$USERS" --user-rounds alone \
   --rounds 3 --out /tmp/q2 --json > "$OUT/bench_qwen3-vl_paper_2gpu_tp_vs_fsdp.json" \
   2> /tmp/logs/bench_q2.err
 echo "qwen3-vl paper 2gpu rc=$?"; grep "^mosaic bench" /tmp/logs/bench_q2.err | tail -n 4

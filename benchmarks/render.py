@@ -40,8 +40,10 @@ if importlib.util.find_spec("mosaic") is None:  # run as a plain script, without
 BASELINES = ("megatron", "distmm", "spindle")
 """In-engine baselines (the BASELINES of `mosaic bench`; not imported: that would load torch)."""
 USER_BASELINES = ("torch-eager", "torch-compile", "torch-compile-max-autotune",
-                  "torch-compile-max-autotune-gemm")
+                  "torch-compile-max-autotune-gemm", "torch-eager-fsdp", "torch-compile-fsdp")
 """The user's own training program, measured beside the plans; never predicted."""
+FSDP_USER = "torch-compile-fsdp"
+"""The user's torch.compile program on FSDP2: their baseline where DDP's replicas do not fit."""
 ONE_GPU_MODELS = ("clip", "imagebind", "qwen3-vl", "unified-io-2", "ofasys")
 """bench_h200.sh's models, in its order (the zoo's): one results file bench_MODEL.json each."""
 PEAK_TFLOPS = 989.0
@@ -101,14 +103,23 @@ def by_planner(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 def user_baseline(report: dict[str, Any]) -> dict[str, Any] | None:
-    """The user's torch.compile program, unless it was compiled by blocks (bench runs before
-    the user program was always compiled whole): its CUDA graphs then split at every layer,
-    which no user compiling per module gets, so it is no baseline."""
+    """The user's torch.compile program (on DDP; else on FSDP2, where only that one ran),
+    unless it was compiled by blocks (bench runs before the user program was always compiled
+    whole): its CUDA graphs then split at every layer, which no user compiling per module
+    gets, so it is no baseline."""
     compiled = report.get("checks", {}).get("compile", {}).get("compiled", {})
     if any(name.startswith("torch-compile/") and how.get("scope") == "blocks"
            for name, how in compiled.items()):
         return None
-    return by_planner(report).get("torch-compile")
+    rows = by_planner(report)
+    return rows.get("torch-compile") or rows.get(FSDP_USER)
+
+
+def _user_speedup(report: dict[str, Any], row: dict[str, Any] | None) -> str:
+    """Against the user's torch.compile program, naming FSDP2 when that is the one."""
+    user = user_baseline(report)
+    fsdp = user is not None and user["planner"] == FSDP_USER
+    return _speedup(user, row) + (" (vs FSDP2)" if fsdp and row is not None else "")
 
 
 def best_baseline(report: dict[str, Any]) -> dict[str, Any] | None:
@@ -330,7 +341,7 @@ def _bench_row(report: dict[str, Any], planners: list[str]) -> list[str]:
     return [report["model"], report["preset"], str(report["gpus"]), str(report["global_batch"]),
             _engine_text(report),
             *[_planner_ms(report, rows, p) for p in planners],
-            _speedup(best_baseline(report), mosaic), _speedup(user_baseline(report), mosaic),
+            _speedup(best_baseline(report), mosaic), _user_speedup(report, mosaic),
             pct(mfu(report, mosaic), signed=False), f"{error} (worst {pct(worst)})"]
 
 
@@ -354,7 +365,7 @@ def bench_table(dir_or_files: str | Path | Iterable[str | Path], results: Path =
               "mosaic vs best baseline", "mosaic vs torch-compile",
               f"mosaic MFU (of {PEAK_TFLOPS:.0f} TF/s)",
               "mosaic prediction error as recorded (worst plan)"]
-    if "torch-compile" not in seen:  # a column of dashes says nothing
+    if "torch-compile" not in seen and FSDP_USER not in seen:  # a column of dashes says nothing
         drop = header.index("mosaic vs torch-compile")
         header, rows = header[:drop] + header[drop + 1:], [r[:drop] + r[drop + 1:] for r in rows]
     return table(header, rows)
@@ -385,7 +396,7 @@ def variants_table(dir_or_files: str | Path | Iterable[str | Path], results: Pat
                          ", ".join(f"{k}={str(v).lower()}" for k, v in settings.items()),
                          ms(base["measured_iteration_s"]) if base else "–",
                          ms(r["measured_iteration_s"]), _speedup(r, base),
-                         _speedup(user_baseline(report), r), _variant_mfu(report, r)])
+                         _user_speedup(report, r), _variant_mfu(report, r)])
     return table(["file", "model", "preset", "GPUs", "batch", "run's engine", "plan",
                   "variant", "run's engine, ms", "variant, ms", "run's engine vs variant",
                   "variant vs torch-compile", f"variant MFU (of {PEAK_TFLOPS:.0f} TF/s)"], rows)

@@ -341,6 +341,66 @@ def test_bench_measures_a_sharded_plan_beside_a_plain_one(tmp_path, model, make_
     assert max(rows["mosaic"]["grad_error"].values()) < 1e-4
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize(("users", "rounds", "reference"),
+                         [("torch-eager,torch-compile-fsdp", "interleaved", "torch-eager"),
+                          ("torch-eager-fsdp", "alone", "torch-eager-fsdp")],
+                         ids=["compiled-beside-ddp", "alone"])
+def test_the_users_fsdp2_program_trains_its_own_copy_beside_the_plans(tmp_path, users, rounds,
+                                                                      reference):
+    """The FSDP2 user program shards its own copy of the modules: the plans' shared modules
+    stay whole (their gradients still match after it is set up). Compiled as the bench
+    compiles (its first call compiles the backward on a throwaway forward, which must leave
+    FSDP2's gradients alone; ~30 s of Inductor on two cores). `--user-rounds alone`: the
+    user program is measured in a group of its own first (no plan's modules built beside it)
+    and is the reference the plans' group is judged against. 2 gloo ranks."""
+    fsdp = users.split(",")[-1]
+    compiled = ["--compile", "default"] if fsdp == "torch-compile-fsdp" else []
+    report, _ = bench_two_ranks("clip", tmp_path, "--planners", "megatron", "--steps-per-round",
+                                "2", "--user-programs", users, "--user-rounds", rounds, *compiled)
+    rows = {r["planner"]: r for r in report["results"]}
+    assert set(rows) == {"megatron", *users.split(",")}
+    assert report["checks"]["gradients"]["reference"] == reference
+    assert report["checks"].get("plan_groups") == ([[], ["megatron"]] if rounds == "alone"
+                                                   else None)
+    assert all(max(r["grad_error"].values()) < 1e-4 for r in rows.values())
+    assert rows[fsdp]["measured_iteration_s"] > 0
+    if compiled:
+        assert {f"{fsdp}/{m}" for m in ("vision", "text", "align")} <= set(
+            report["checks"]["compile"]["compiled"])
+
+
+def test_the_fsdp2_program_gathering_bf16_weights_is_of_the_bf16_kernel_class():
+    from types import SimpleNamespace
+
+    from mosaic.engine import measure
+
+    def contender(param_dtype):
+        return SimpleNamespace(session=None, program=SimpleNamespace(param_dtype=param_dtype))
+
+    assert measure._kernel_class(contender(torch.bfloat16)) == "bf16 weights"
+    assert measure._kernel_class(contender(None)) == "fp32 weights"
+
+
+def test_gradients_are_compared_a_chunk_at_a_time_as_one_norm_would(monkeypatch):
+    """A large model's flat gradient is written a parameter at a time and compared with the
+    host's reference a chunk at a time (memory); the numbers are those of one whole norm."""
+    from torch import nn
+
+    from mosaic.engine import measure
+
+    monkeypatch.setattr(measure, "COMPARE_CHUNK", 7)
+    generator = torch.Generator().manual_seed(0)
+    ref, grad = torch.randn(50, generator=generator), torch.randn(50, generator=generator)
+    norm, distance = measure._norm_and_distance(ref, grad)
+    assert norm == pytest.approx(float(ref.norm()), rel=1e-6)
+    assert distance == pytest.approx(float((grad - ref).norm()), rel=1e-6)
+    params = [nn.Parameter(torch.ones(2, 3)), nn.Parameter(torch.ones(4)), nn.Parameter(torch.ones(1))]
+    params[0].grad, params[2].grad = torch.full((2, 3), 2.0), torch.full((1,), 3.0)
+    flat = measure._flat_grad(params, torch.device("cpu"))
+    assert flat.tolist() == [2.0] * 6 + [0.0] * 4 + [3.0]
+
+
 def test_running_out_of_gpu_memory_names_the_phase_and_the_fix(monkeypatch):
     from mosaic.engine import measure
 

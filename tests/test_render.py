@@ -105,6 +105,18 @@ def test_bench_table_without_torch_compile_has_no_such_column(tmp_path):
     assert "torch-compile" not in render.bench_table(tmp_path)
 
 
+def test_bench_table_holds_mosaic_to_the_fsdp2_program_where_no_ddp_one_ran(tmp_path):
+    """Two GPUs, a model whose replicas do not fit: the user's baseline is torch.compile on
+    FSDP2, named in the speedup cell, its column last with the user programs."""
+    rows = [plan_row("megatron", 20.0, 19.0), plan_row("mosaic", 16.0, 15.0),
+            plan_row("torch-compile-fsdp", 24.0)]
+    write_bench(tmp_path / "bench_toy.json", rows, gpus=2, tflop=10.0)
+    header, _, row = render.bench_table(tmp_path).splitlines()
+    assert header.split(" | ")[5:10] == ["megatron, ms", "mosaic, ms", "torch-compile-fsdp, ms",
+                                         "mosaic vs best baseline", "mosaic vs torch-compile"]
+    assert row.strip("| ").split(" | ")[8:10] == ["1.250x", "1.500x (vs FSDP2)"]
+
+
 def test_iteration_error_block_states_the_verdict(tmp_path):
     with_errors(tmp_path / "ok" / "bench.json", 0.01, -0.02)
     with_errors(tmp_path / "bad" / "bench.json", 0.01, -0.30)

@@ -973,8 +973,8 @@ def bench(
     grads_in_graph: Annotated[bool, typer.Option(help="with graphs: each backward graph adds its "
                                                  "module's gradients itself (not under DDP)")] = True,
     accumulation: Annotated[int, typer.Option(help="gradient-accumulation micro-steps per step")] = 1,
-    user_programs: Annotated[str, typer.Option(help="the user's own programs to measure too: torch-eager,torch-compile[,torch-compile-max-autotune[-gemm]] (empty: none)")] = "torch-eager,torch-compile",
-    user_rounds: Annotated[str, typer.Option(help="interleaved: user programs share the plans' timed rounds; apart: their own rounds after the plans'")] = "interleaved",
+    user_programs: Annotated[str, typer.Option(help="the user's own programs to measure too: torch-eager,torch-compile[,torch-compile-max-autotune[-gemm]] on DDP; torch-eager-fsdp,torch-compile-fsdp on FSDP2, for several GPUs (empty: none)")] = "torch-eager,torch-compile",
+    user_rounds: Annotated[str, typer.Option(help="interleaved: user programs share the plans' timed rounds; apart: their own rounds after the plans'; alone: set up and timed in a group of their own before the plans' (never sharing the GPU's memory with them), the reference every plan is checked against")] = "interleaved",
     plans_at_once: Annotated[int | None, typer.Option(
         "--plans-at-once", min=1, help="measure the plans in groups of N, each set up from the "
         "same seed, timed and released before the next (user programs with the first, whose "

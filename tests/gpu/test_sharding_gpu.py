@@ -8,6 +8,9 @@ zoo model under bf16 autocast and torch.compile follows its unsharded loss curve
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -98,3 +101,32 @@ def test_sharded_plans_over_nccl_clip_the_global_norm_as_one_process_does(tmp_pa
             assert_same(states[rank], reference, rtol=1e-3, atol=1e-4)
             logged = json.loads((tmp_path / name / f"grad_norms{rank}.json").read_text())
             assert logged == pytest.approx(norms, rel=1e-3), name
+
+
+@pytest.mark.parametrize("reduce_dtype", ["fp32", "bf16"])
+def test_the_users_fsdp2_program_passes_the_bench_check_beside_ddp_over_nccl(tmp_path,
+                                                                            reduce_dtype):
+    """The user's torch.compile program on FSDP2 (bf16 weights gathered, compiled without CUDA
+    graphs) beside the same program on DDP and a plan, in one `mosaic bench` on both GPUs:
+    its gradients pass the bench's check (the bf16-weights tolerance) and it is timed; with
+    bf16 reductions, DDP's bf16 hook and FSDP2's bf16 reduce-scatter too. Prints each
+    contender's step and what the compile report says of the FSDP2 program's modules."""
+    _two_gpus()
+    env = {**os.environ, "NCCL_NVLS_ENABLE": "0"}
+    result = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+         "-m", "mosaic", "bench", "clip", "--gpus", "2", "--preset", "small", "--perf-model",
+         "analytic", "--planners", "megatron", "--rounds", "2", "--out", str(tmp_path),
+         "--user-programs", "torch-eager,torch-compile,torch-compile-fsdp", "--json",
+         "--reduce-dtype", reduce_dtype],
+        capture_output=True, text=True, timeout=420, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads((tmp_path / "bench.json").read_text())
+    rows = {r["planner"]: r for r in report["results"]}
+    compiled = report["checks"]["compile"]
+    print({label: round(1e3 * r["measured_iteration_s"], 2) for label, r in rows.items()},
+          report["checks"]["gradients"],
+          {k: v for k, v in compiled.get("compiled", {}).items() if k.startswith("torch-compile-fsdp")},
+          {k: v for k, v in compiled.get("eager", {}).items() if k.startswith("torch-compile-fsdp")})
+    assert rows["torch-compile-fsdp"]["measured_iteration_s"] > 0
+    assert "torch-compile-fsdp" in report["checks"]["gradients"]["other_kernels"]

@@ -52,6 +52,7 @@ from mosaic.engine.main_weights import (
     bf16_weights_refusal,
     cast_weights_bf16,
 )
+from mosaic.engine.runner import REDUCE_DTYPES
 from mosaic.engine.session import (
     Dist,
     EngineConfig,
@@ -92,13 +93,18 @@ measured 0.027-0.029 on the H200 under bf16 autocast (CLIP and ImageBind small);
 with the eager reference without it failed at 0.036 against a tolerance of 0.03."""
 USER_PROGRAMS = {"torch-eager": None, "torch-compile": "reduce-overhead",
                  "torch-compile-max-autotune": "max-autotune",
-                 "torch-compile-max-autotune-gemm": "reduce-overhead-max-autotune-gemm"}
-"""The user's own program, by label: its torch.compile mode (None = eager). The last two ask
-Inductor to tune kernels (minutes of compiling): the fair comparisons when the engine runs
-tuned kernels too (`--compile max-autotune-no-cudagraphs` / `max-autotune-gemm`)."""
+                 "torch-compile-max-autotune-gemm": "reduce-overhead-max-autotune-gemm",
+                 "torch-eager-fsdp": None, "torch-compile-fsdp": "default"}
+"""The user's own program, by label: its torch.compile mode (None = eager). The max-autotune
+ones ask Inductor to tune kernels (minutes of compiling): the fair comparisons when the engine
+runs tuned kernels too (`--compile max-autotune-no-cudagraphs` / `max-autotune-gemm`)."""
+FSDP_USER_PROGRAMS = ("torch-eager-fsdp", "torch-compile-fsdp")
+"""User programs that shard their training states with FSDP2 instead of replicating them with
+DDP (for models whose states fit on no one GPU): each trains its own copy of the modules with
+its own optimizer, compiled without CUDA graphs, as torchtitan runs FSDP2."""
 DEFAULT_USER_PROGRAMS = ("torch-eager", "torch-compile")
 BASELINES = ("megatron", "distmm", "spindle")
-USER_ROUNDS = ("interleaved", "apart")
+USER_ROUNDS = ("interleaved", "apart", "alone")
 VARIANT_FIELDS = ("grad_sync", "reduce_dtype", "bucket_view", "grads_in_graph",
                   "optimizer_overlap", "bf16_weights", "bf16_flat_grads", "bf16_moments",
                   "fp32_main_weights", "update_under_forward", "update_sms", "update_group",
@@ -186,7 +192,10 @@ class BenchConfig:
     """The user's own programs to measure beside the plans (empty: plans only)."""
     user_rounds: str = "interleaved"
     """"interleaved": user programs share the timed rounds with the plans; "apart": the plans'
-    rounds run first, then the user programs' own (same process, same weights and batch)."""
+    rounds run first, then the user programs' own (same process, same weights and batch);
+    "alone": the user programs are set up, checked and timed in a group of their own before
+    the plans' (whose memory they then never share), and are the reference every plan group
+    is judged against."""
     check_gradients: bool = True
     lr: float = 1e-5
     seed: int = 0
@@ -385,7 +394,8 @@ def _setup(model, preset: str, graph: MMGraph, plans: dict[str, Plan], gpu: GPUS
     # A user program holds the whole model on every rank, as DDP does. A group of own copies
     # alone builds no shared modules: at `paper` they would not fit beside the copies.
     shared = [plan for label, plan in plans.items() if not own_copy(label, plan)]
-    names = graph.names if config.user_programs else local_modules(shared, d.rank)
+    replicated = set(config.user_programs) - set(FSDP_USER_PROGRAMS)
+    names = graph.names if replicated else local_modules(shared, d.rank)
     modules = build_modules(model, preset, names, config.seed, d.device)
     engine = _on_device(config.engine, d)
     if shared_bf16:
@@ -542,16 +552,27 @@ def _check_bf16_weights(label: str, plan: Plan, engine: EngineConfig) -> None:
         raise BenchError(f"{label!r}: {refusal}")
 
 
-def _add_user_programs(s: _Setup, config: BenchConfig) -> None:
+def _add_user_programs(s: _Setup, config: BenchConfig, model, preset: str) -> None:
     """After the plans' CUDA-graph capture: a DDP built earlier keeps each parameter's
     gradient accumulator on the main (legacy) stream, and capturing a backward that reaches
     it then fails on the H200 ("operation would make the legacy stream depend on a capturing
-    blocking stream")."""
+    blocking stream"). An FSDP2 program shards its modules in place, so it gets its own copy
+    (same seed, same weights) and its own optimizer. Gradients are reduced in the engine's
+    precision: a plan summing them in bf16 is held to a user who does too."""
     for label in config.user_programs:
-        program = UserProgram(graph=s.graph, modules=s.modules, compile_mode=USER_PROGRAMS[label],
+        sharded = label in FSDP_USER_PROGRAMS
+        modules = (build_modules(model, preset, s.graph.names, config.seed, s.device) if sharded
+                   else s.modules)
+        program = UserProgram(graph=s.graph, modules=modules, compile_mode=USER_PROGRAMS[label],
                               device=s.device, amp=s.engine.amp,
-                              compile_fn=user_compile_fn(s.compiled, label))
-        s.contenders[label] = _user_contender(label, program, s.batch)
+                              compile_fn=user_compile_fn(s.compiled, label), shard_states=sharded,
+                              reduce_dtype=REDUCE_DTYPES[s.engine.reduce_dtype])
+        contender = _user_contender(label, program, s.batch)
+        if sharded:
+            contender.modules = modules
+            contender.optimizer = _optimizer_maker(replace(s.engine, bf16_weights=False),
+                                                   config.lr)(program.parameters())
+        s.contenders[label] = contender
 
 
 def user_compile_fn(report: CompileReport, label: str):
@@ -629,12 +650,24 @@ def _module_grads(s: _Setup, c: _Contender) -> dict[str, torch.Tensor]:
     grads = {}
     for name, module in (c.modules or s.modules).items():
         params = [p for p in module.parameters() if id(p) in held]
-        if params:  # a shard's gradient is gathered whole (a collective over its mesh)
-            grads[name] = torch.cat([
-                (full_tensor(p.grad) if p.grad is not None else torch.zeros(p.shape, device=s.device))
-                .detach().float().reshape(-1) for p in params])
+        if params:
+            grads[name] = _flat_grad(params, s.device)
     _zero_grads(s)
     return grads
+
+
+def _flat_grad(params: list[nn.Parameter], device: torch.device) -> torch.Tensor:
+    """The parameters' whole gradients, fp32, in one flat tensor (zeros where none), written
+    into it one parameter at a time: a shard's gradient is gathered whole (a collective over
+    its mesh), and a module's whole gradients beside their concatenation would need twice
+    its size (Qwen3-VL `paper`'s LLM: 32 GB more, beside its sharded training states)."""
+    flat = torch.zeros(sum(p.numel() for p in params), device=device)
+    start = 0
+    for p in params:
+        if p.grad is not None:
+            flat[start:start + p.numel()].copy_(full_tensor(p.grad).detach().reshape(-1))
+        start += p.numel()
+    return flat
 
 
 def _relative_errors(grads: dict[str, torch.Tensor], ref: dict[str, torch.Tensor],
@@ -643,8 +676,7 @@ def _relative_errors(grads: dict[str, torch.Tensor], ref: dict[str, torch.Tensor
     local = []
     for name in names:
         if name in grads and name in ref:
-            norm = float(ref[name].norm())
-            diff = float((grads[name] - ref[name].to(grads[name].device)).norm())
+            norm, diff = _norm_and_distance(ref[name], grads[name])
             local.append(diff / norm if norm > 0 else diff)
         else:
             local.append(-1.0)  # not held here: the MAX over ranks ignores it
@@ -652,17 +684,37 @@ def _relative_errors(grads: dict[str, torch.Tensor], ref: dict[str, torch.Tensor
     return {n: e for n, e in zip(names, worst, strict=True) if e >= 0}
 
 
+COMPARE_CHUNK = 1 << 26
+"""Elements of a reference gradient kept on the host that are moved to the device at once."""
+
+
+def _norm_and_distance(ref: torch.Tensor, grad: torch.Tensor) -> tuple[float, float]:
+    """||ref|| and ||grad - ref||, the reference moved to grad's device a chunk at a time (a
+    later plan group's reference lives on the host: a copy of it whole on the GPU would sit
+    beside the plan's own states)."""
+    squares = torch.zeros(2, dtype=torch.float64, device=grad.device)
+    for start in range(0, ref.numel(), COMPARE_CHUNK):
+        part = ref[start:start + COMPARE_CHUNK].to(grad.device)
+        mine = grad[start:start + COMPARE_CHUNK]
+        squares[0] += part.double().square().sum()
+        squares[1] += (mine - part).double().square().sum()
+    norm, diff = squares.sqrt().tolist()
+    return norm, diff
+
+
 def _check_gradients(s: _Setup, names: list[str], stored: _Reference | None = None,
                      ) -> tuple[dict[str, dict[str, float]], dict, dict[str, torch.Tensor]]:
     """Gradient error of every contender against the reference (this group's, or the one an
     earlier group `stored`), the checks made (reference, noise floor, tolerance, modules no
-    rank could compare), and the reference's gradients on this rank."""
+    rank could compare), and the reference's gradients on this rank (on the host)."""
     labels = list(s.contenders)
     if stored is not None and stored.grad_label is not None:
         reference, ref = stored.grad_label, stored.grads
     else:
         reference = "torch-eager" if "torch-eager" in labels else labels[0]
-        ref = _module_grads(s, s.contenders[reference])
+        # On the host: beside each contender's own whole gradients on the GPU it would need
+        # room for two models' gradients (Qwen3-VL `paper`'s LLM: 32 GB each).
+        ref = {name: g.cpu() for name, g in _module_grads(s, s.contenders[reference]).items()}
     errors = {label: _relative_errors(_module_grads(s, s.contenders[label]), ref, names, s.device)
               for label in labels}
     checks = (dict(stored.grad_checks) if stored is not None and stored.grad_label is not None
@@ -688,8 +740,10 @@ def _kernel_class(c: _Contender) -> str:
     """bf16 weights compile other kernels than fp32 weights under autocast (no weight casts,
     other fusions), so their gradients differ from an fp32 contender's as much as compiled
     ones from eager ones (Qwen3-VL `small` b8 on the H200: 0.019 and 0.020 per module; fp32
-    compiled plans from each other 0.0007)."""
-    bf16 = c.session is not None and c.session.config.bf16_weights  # alike on every rank
+    compiled plans from each other 0.0007). The FSDP2 user program computes with bf16 weights
+    too (its weights are gathered in bf16 on CUDA)."""
+    bf16 = ((c.session is not None and c.session.config.bf16_weights)  # alike on every rank
+            or (c.program is not None and c.program.param_dtype == torch.bfloat16))
     return "bf16 weights" if bf16 else "fp32 weights"
 
 
@@ -988,6 +1042,8 @@ def measure_plans(model, preset: str, graph: MMGraph, plans: dict[str, Plan], gp
     plans, same = _distinct(plans, variants)
     progress = _Progress(time.perf_counter())
     groups = _plan_groups(list(plans), config.plans_at_once)
+    if config.user_rounds == "alone" and config.user_programs:
+        groups = [[], *groups]  # the user programs' own group
     results: list[PlanMeasurement] = []
     checks: dict[str, Any] = {"phases": progress.phases}
     if len(groups) > 1:
@@ -998,7 +1054,8 @@ def measure_plans(model, preset: str, graph: MMGraph, plans: dict[str, Plan], gp
             for i, labels in enumerate(groups):
                 group_config = config if i == 0 else replace(config, user_programs=())
                 if len(groups) > 1:
-                    progress.group = f"group {i + 1} of {len(groups)} ({', '.join(labels)})"
+                    who = ", ".join(labels or group_config.user_programs)
+                    progress.group = f"group {i + 1} of {len(groups)} ({who})"
                     _release_memory()
                 measured, group_checks, reference = _measure_group(
                     model, preset, graph, {label: plans[label] for label in labels}, gpu,
@@ -1059,19 +1116,23 @@ def _measure_group(model, preset: str, graph: MMGraph, plans: dict[str, Plan], g
         _peak_and_reset(s)
         progress.say(s, f"{len(s.contenders)} plan(s) set up")
         losses = _losses(s)
-        _check_losses("eager", losses, reference)
-        if reference is None and keep_reference:
-            reference = _Reference(*next(iter(losses.items())))
+        if losses:  # a group of user programs alone has no plan to step yet
+            _check_losses("eager", losses, reference)
+            if reference is None and keep_reference:
+                reference = _Reference(*next(iter(losses.items())))
         progress.say(s, f"one eager step each (compiles the modules: "
                         f"{s.compiled.to_dict()['total_compile_s']:.0f} s)")
         _capture(s, progress)
-        _add_user_programs(s, config)
+        _add_user_programs(s, config, model, preset)
         checks: dict[str, Any] = {"compile": s.compiled.to_dict()}
         errors: dict[str, dict[str, float]] = {}
         if config.check_gradients:
             errors, checks["gradients"] = _checked_gradients(s, graph.names, reference)
             progress.say(s, "gradients checked (user programs compiled)")
-        _check_losses("after compile and CUDA-graph capture", _losses(s), reference)
+        losses = _losses(s)
+        if reference is None and keep_reference:
+            reference = _Reference(*next(iter(losses.items())))
+        _check_losses("after compile and CUDA-graph capture", losses, reference)
         timings = _timed_rounds(s, config)
         peak = _peak_and_reset(s)
         checks["peak_memory_bytes"] = (None if peak is None else  # the fullest rank's
@@ -1135,7 +1196,7 @@ def _checked_gradients(s: _Setup, names: list[str], reference: _Reference | None
         reference.grad_checks = {key: checks[key]
                                  for key in ("reference", "noise_floor", "tolerance",
                                              "tolerance_other_kernels", "reference_kernels")}
-        reference.grads = {name: g.cpu() for name, g in ref_grads.items()}
+        reference.grads = ref_grads  # on the host already
     return errors, checks
 
 
