@@ -345,9 +345,14 @@ def _bench_row(report: dict[str, Any], planners: list[str]) -> list[str]:
             pct(mfu(report, mosaic), signed=False), f"{error} (worst {pct(worst)})"]
 
 
+def _left_out(report: dict[str, Any]) -> dict[str, str]:
+    """User programs the bench did not build because they cannot fit, and why."""
+    return report.get("checks", {}).get("user_programs_left_out", {})
+
+
 def _planner_ms(report: dict[str, Any], rows: dict[str, dict[str, Any]], planner: str) -> str:
     if planner not in rows:
-        return "–"
+        return "does not fit" if planner in _left_out(report) else "–"
     unfair = planner == "torch-compile" and user_baseline(report) is None
     return ms(rows[planner]["measured_iteration_s"]) + (" (compiled by blocks)" if unfair else "")
 
@@ -356,7 +361,8 @@ def bench_table(dir_or_files: str | Path | Iterable[str | Path], results: Path =
     """Every bench results JSON under the directory (or the files), one row each: every
     planner's median ms (user baselines last), mosaic's speedups, MFU and prediction error."""
     reports = [load(f) for f in _result_files(results, dir_or_files)]
-    seen = list(dict.fromkeys(r["planner"] for rep in reports for r in _plan_rows(rep)))
+    seen = list(dict.fromkeys([*(r["planner"] for rep in reports for r in _plan_rows(rep)),
+                               *(label for rep in reports for label in _left_out(rep))]))
     users = [p for p in USER_BASELINES if p in seen]
     planners = [p for p in seen if p not in USER_BASELINES] + users
     rows = [_bench_row(rep, planners) for rep in reports]

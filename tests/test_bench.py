@@ -59,6 +59,41 @@ def test_bench_measures_every_plan_and_reports_ratios(tmp_path):
         measurements[0].median_s / measurements[1].median_s)
 
 
+def test_user_programs_that_cannot_fit_are_left_out_naming_what_would_run():
+    """8 B parameters (128 GB of fp32 training states): DDP's replicas fit no H200, FSDP2's
+    shards fit on two; on one GPU neither, and the reason says what would."""
+    from mosaic.engine.measure import user_program_bytes, user_programs_that_fit
+    from tests.helpers import encoders_and_head, spec
+
+    graph = MMGraph(name="big", modules=(spec("llm", params_m=8000.0, layers=32),),
+                    edges=(), global_batch=2)
+    users = ("torch-compile", "torch-compile-fsdp")
+    kept, left_out = user_programs_that_fit(graph, users, 2, H200)
+    assert kept == ("torch-compile-fsdp",)
+    fsdp = user_program_bytes(graph, "torch-compile-fsdp", 2) / 2**30
+    assert "whole on every GPU (DDP)" in left_out["torch-compile"]
+    assert f"torch-compile-fsdp (FSDP2 shards them: about {fsdp:.1f} GiB)" in left_out["torch-compile"]
+    kept, left_out = user_programs_that_fit(graph, users, 1, H200)
+    assert kept == () and "more GPUs" in left_out["torch-compile-fsdp"]
+    small = encoders_and_head()
+    assert user_programs_that_fit(small, users, 2, H200) == (users, {})
+
+
+def test_the_plans_are_measured_without_a_user_program_that_cannot_fit(monkeypatch):
+    from mosaic.engine import measure
+
+    real = measure.user_program_bytes
+    monkeypatch.setattr(measure, "user_program_bytes", lambda graph, label, world: (
+        2.0**50 if label == "torch-compile" else real(graph, label, world)))
+    model = get_model("clip")
+    graph = model.graph("tiny")
+    config = BenchConfig(rounds=1, steps_per_round=1, warmup_steps=1, nvml_seconds=0,
+                         in_flight_steps=0, user_programs=("torch-eager", "torch-compile"))
+    measurements, checks = measure_plans(model, "tiny", graph, _plans(graph), H200, config)
+    assert [m.label for m in measurements] == ["megatron", "mosaic", "torch-eager"]
+    assert "needs about 1048576.0 GiB" in checks["user_programs_left_out"]["torch-compile"]
+
+
 def test_plans_measured_in_groups_are_each_set_up_from_the_same_weights_and_released(monkeypatch):
     """`--plans-at-once 1` (Unified-IO 2 `paper`: four plans' CUDA graph pools did not fit on
     the H200 together): each plan is built afresh from the seed, checked, timed and closed

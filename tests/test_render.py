@@ -115,6 +115,13 @@ def test_bench_table_holds_mosaic_to_the_fsdp2_program_where_no_ddp_one_ran(tmp_
     assert header.split(" | ")[5:10] == ["megatron, ms", "mosaic, ms", "torch-compile-fsdp, ms",
                                          "mosaic vs best baseline", "mosaic vs torch-compile"]
     assert row.strip("| ").split(" | ")[8:10] == ["1.250x", "1.500x (vs FSDP2)"]
+    report = json.loads((tmp_path / "bench_toy.json").read_text())
+    report["checks"] = {"user_programs_left_out": {"torch-compile": "needs about 147 GiB"}}
+    (tmp_path / "bench_toy.json").write_text(json.dumps(report))
+    header, _, row = render.bench_table(tmp_path).splitlines()
+    assert header.split(" | ")[7:9] == ["torch-compile, ms", "torch-compile-fsdp, ms"]
+    assert row.strip("| ").split(" | ")[7:11] == ["does not fit", "24.00", "1.250x",
+                                                  "1.500x (vs FSDP2)"]
 
 
 def test_iteration_error_block_states_the_verdict(tmp_path):

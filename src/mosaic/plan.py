@@ -24,7 +24,7 @@ from typing import Any
 
 from mosaic.errors import MosaicError
 from mosaic.files import write_text_atomic
-from mosaic.graph import MMGraph
+from mosaic.graph import MMGraph, ModuleSpec
 from mosaic.hardware import ClusterSpec
 from mosaic.sharding import saved_bytes, state_bytes
 from mosaic.tensor_parallel import bf16_precision_saving, bytes_per_gpu
@@ -387,13 +387,21 @@ def gpu_memory_bytes(plan: Plan, graph: MMGraph) -> dict[int, float]:
     used: dict[int, float] = defaultdict(float)
     for stage in plan.stages:
         for p in stage.placements:
-            m = graph.module(p.module)
-            need = bytes_per_gpu(m, graph.global_batch // p.dp_degree, p.tensor_parallel)
-            if p.shard:  # sharded states in place of the full copy (mosaic.sharding)
-                need += state_bytes(m, p.dp_degree, shard=True) - m.static_bytes
+            need = replica_bytes(graph.module(p.module), graph.global_batch, p.dp_degree,
+                                 p.tensor_parallel, p.shard)
             for g in p.gpus:
                 used[g] += need
     return dict(used)
+
+
+def replica_bytes(module: ModuleSpec, global_batch: int, dp_degree: int,
+                  tensor_parallel: int = 1, shard: bool = False) -> float:
+    """Peak bytes of `module` on one GPU of a placement (`gpu_memory_bytes`); also what a
+    user's DDP (`shard` False) or FSDP2 program needs of each module."""
+    need = bytes_per_gpu(module, global_batch // dp_degree, tensor_parallel)
+    if shard:  # sharded states in place of the full copy (mosaic.sharding)
+        need += state_bytes(module, dp_degree, shard=True) - module.static_bytes
+    return need
 
 
 def _check_memory(plan: Plan, graph: MMGraph, cluster: ClusterSpec) -> None:

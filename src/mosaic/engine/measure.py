@@ -60,6 +60,7 @@ from mosaic.engine.session import (
     RankSession,
     build_modules,
     end_distributed,
+    launched_world_size,
     local_modules,
     make_batch,
     make_optimizer,
@@ -74,7 +75,7 @@ from mosaic.errors import MosaicError
 from mosaic.files import portable_stem
 from mosaic.graph import MMGraph
 from mosaic.hardware import GPUSpec
-from mosaic.plan import Plan, gpu_memory_bytes, plan_key
+from mosaic.plan import MEMORY_MARGIN, Plan, gpu_memory_bytes, plan_key, replica_bytes
 from mosaic.provenance import git_sha, package_versions
 
 log = logging.getLogger(__name__)
@@ -550,6 +551,42 @@ def _check_bf16_weights(label: str, plan: Plan, engine: EngineConfig) -> None:
                                    grad_sync=engine.grad_sync)
     if refusal:
         raise BenchError(f"{label!r}: {refusal}")
+
+
+def user_program_bytes(graph: MMGraph, label: str, world_size: int) -> float:
+    """Peak bytes per GPU of user program `label` by the plans' memory model: every module's
+    fp32 training states, whole (DDP) or sharded over the world (FSDP2), its bf16 weight copies
+    and activations at global batch / world size."""
+    fp32 = graph.with_precision(bf16_weights=False)
+    shard = label in FSDP_USER_PROGRAMS and world_size > 1
+    return sum(replica_bytes(m, graph.global_batch, world_size, shard=shard)
+               for m in fp32.modules)
+
+
+def user_programs_that_fit(graph: MMGraph, labels: tuple[str, ...], world_size: int,
+                           gpu: GPUSpec) -> tuple[tuple[str, ...], dict[str, str]]:
+    """The user programs the memory model says fit on `gpu`, and why each other one does not
+    (it is not built: the plans are measured without it, and the report says so)."""
+    budget = gpu.memory_bytes * (1 - MEMORY_MARGIN)
+    kept, left_out = [], {}
+    for label in labels:
+        need = user_program_bytes(graph, label, world_size)
+        if need <= budget:
+            kept.append(label)
+            continue
+        if label in FSDP_USER_PROGRAMS:
+            how, fix = f"sharded over {world_size} GPUs (FSDP2)", "more GPUs or a smaller --batch"
+        else:
+            fsdp = user_program_bytes(graph, "torch-compile-fsdp", world_size)
+            how = "whole on every GPU (DDP)"
+            fix = ("more GPUs, with torch-compile-fsdp" if world_size < 2 else
+                   f"torch-compile-fsdp (FSDP2 shards them: about {fsdp / 2**30:.1f} GiB)")
+        left_out[label] = (f"needs about {need / 2**30:.1f} GiB per GPU (every module's "
+                           f"training states {how}, and activations at "
+                           f"{graph.global_batch // world_size} samples) but "
+                           f"{budget / 2**30:.1f} GiB is usable on {gpu.name}; it would run "
+                           f"with {fix}")
+    return tuple(kept), left_out
 
 
 def _add_user_programs(s: _Setup, config: BenchConfig, model, preset: str) -> None:
@@ -1041,11 +1078,12 @@ def measure_plans(model, preset: str, graph: MMGraph, plans: dict[str, Plan], gp
     variants = {label: _differences(config.engine, engine) for label, engine in engines.items()}
     plans, same = _distinct(plans, variants)
     progress = _Progress(time.perf_counter())
+    checks: dict[str, Any] = {"phases": progress.phases}
+    config = _without_unfitting_user_programs(graph, config, gpu, checks)
     groups = _plan_groups(list(plans), config.plans_at_once)
     if config.user_rounds == "alone" and config.user_programs:
         groups = [[], *groups]  # the user programs' own group
     results: list[PlanMeasurement] = []
-    checks: dict[str, Any] = {"phases": progress.phases}
     if len(groups) > 1:
         checks["plan_groups"] = groups
     reference: _Reference | None = None
@@ -1076,6 +1114,20 @@ def measure_plans(model, preset: str, graph: MMGraph, plans: dict[str, Plan], gp
             raise BenchInterrupted(progress.last_phase, progress.elapsed_s(), results,
                                    checks) from None
     return _with_twins(results, same, plans), checks
+
+
+def _without_unfitting_user_programs(graph: MMGraph, config: BenchConfig, gpu: GPUSpec,
+                                     checks: dict[str, Any]) -> BenchConfig:
+    """`config` less the user programs that cannot fit (`checks["user_programs_left_out"]`
+    says why; the plans are still measured: where the user's program cannot run, mosaic's
+    must). Each process counts the same, so every rank leaves out the same programs."""
+    kept, left_out = user_programs_that_fit(graph, config.user_programs, launched_world_size(),
+                                            gpu)
+    for label, why in left_out.items():
+        log.warning("bench: not measuring user program %r: it %s", label, why)
+    if left_out:
+        checks["user_programs_left_out"] = left_out
+    return replace(config, user_programs=kept)
 
 
 def _add_group_checks(checks: dict[str, Any], group_checks: dict[str, Any]) -> None:

@@ -238,6 +238,13 @@ def end_distributed(d: Dist) -> None:
     gc.collect()
 
 
+def launched_world_size() -> int:
+    """Processes in the world: the running process group's, else torchrun's WORLD_SIZE (1)."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size()
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
 def start_distributed(device: str | None, timeout_s: float | None = None) -> Dist:
     """Join torchrun's world (env://) or run as a one-process world. `timeout_s` bounds every
     collective: a rank that died or hangs makes the others fail after it, not wait forever
@@ -246,7 +253,7 @@ def start_distributed(device: str | None, timeout_s: float | None = None) -> Dis
     if device == "cuda" and not cuda:
         raise SessionError("device='cuda' but no CUDA device is visible; leave device unset")
     running = dist.is_available() and dist.is_initialized()
-    world = dist.get_world_size() if running else int(os.environ.get("WORLD_SIZE", "1"))
+    world = launched_world_size()
     rank = dist.get_rank() if running else int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     device = torch.device("cpu")
