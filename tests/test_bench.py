@@ -83,8 +83,8 @@ def test_the_plans_are_measured_without_a_user_program_that_cannot_fit(monkeypat
     from mosaic.engine import measure
 
     real = measure.user_program_bytes
-    monkeypatch.setattr(measure, "user_program_bytes", lambda graph, label, world: (
-        2.0**50 if label == "torch-compile" else real(graph, label, world)))
+    monkeypatch.setattr(measure, "user_program_bytes", lambda graph, label, world, k=1: (
+        2.0**50 if label == "torch-compile" else real(graph, label, world, k)))
     model = get_model("clip")
     graph = model.graph("tiny")
     config = BenchConfig(rounds=1, steps_per_round=1, warmup_steps=1, nvml_seconds=0,
@@ -92,6 +92,31 @@ def test_the_plans_are_measured_without_a_user_program_that_cannot_fit(monkeypat
     measurements, checks = measure_plans(model, "tiny", graph, _plans(graph), H200, config)
     assert [m.label for m in measurements] == ["megatron", "mosaic", "torch-eager"]
     assert "needs about 1048576.0 GiB" in checks["user_programs_left_out"]["torch-compile"]
+
+
+def test_user_programs_accumulate_as_many_micro_steps_as_the_plans(monkeypatch):
+    """`--accumulation 2` on an LLM-sink model: the user program runs two micro-steps too, each
+    loss halved and only the second synchronised, and its loss and gradients match the
+    plans' (fp32 on CPU: the same math)."""
+    from mosaic.engine.user_program import UserProgram
+
+    micro_steps = []
+    real = UserProgram._micro_step
+    monkeypatch.setattr(UserProgram, "_micro_step", lambda self, data, scale, sync: (
+        micro_steps.append((scale, sync)) or real(self, data, scale, sync)))
+    model = get_model("qwen3-vl")
+    graph = model.graph("tiny")
+    plan = Plan(model="qwen3-vl", planner="megatron", num_gpus=1, stages=(
+        Stage(placements=(Placement(module="vision", gpus=(0,)), Placement(module="text", gpus=(0,)))),
+        Stage(placements=(Placement(module="llm", gpus=(0,)),))))
+    config = BenchConfig(rounds=1, steps_per_round=1, warmup_steps=1, nvml_seconds=0,
+                         in_flight_steps=0, user_programs=("torch-eager",),
+                         engine=replace(BenchConfig().engine, accumulation=2))
+    measurements, checks = measure_plans(model, "tiny", graph, {"megatron": plan}, H200, config)
+    assert [m.label for m in measurements] == ["megatron", "torch-eager"]
+    assert checks["gradients"]["reference"] == "torch-eager"
+    assert max(measurements[0].grad_error.values()) < 1e-4
+    assert micro_steps and micro_steps == [(2, False), (2, True)] * (len(micro_steps) // 2)
 
 
 def test_plans_measured_in_groups_are_each_set_up_from_the_same_weights_and_released(monkeypatch):

@@ -168,6 +168,8 @@ def test_errors_name_the_fix(monkeypatch):
     with pytest.raises(UserProgramError, match="torchrun --nproc-per-node"):
         UserProgram(graph=graph, modules=modules, compile_mode=None, device=CPU,
                     shard_states=True)
+    with pytest.raises(UserProgramError, match="need the whole batch in one step"):
+        UserProgram(graph=graph, modules=modules, compile_mode=None, device=CPU, accumulation=2)
     monkeypatch.setattr(user_program, "world", lambda: (0, 3))
     with pytest.raises(UserProgramError, match="multiple of 3"):
         UserProgram(graph=graph, modules=modules, compile_mode=None, device=CPU)
@@ -223,6 +225,17 @@ def test_two_processes_reducing_gradients_in_bf16(tmp_path):
             got = torch.cat([state[f"grad.{key}"].reshape(-1) for key in keys])
             errors[m] = float((got - ref).norm() / ref.norm())
         assert 0 < max(errors.values()) < 1e-2, errors  # bf16 sums: rounded, close
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sharding", ["ddp", "fsdp"])
+def test_two_processes_accumulating_micro_batches_equal_one(tmp_path, sharding):
+    """accumulation=2: each rank's 4 samples as two micro-steps of 2, each loss halved, the
+    gradients synchronised on the second only (DDP's no_sync, FSDP2's setting): the same loss
+    and gradients as one process over the whole batch (a per-sample-mean LLM sink)."""
+    flags = ["--accumulation", "2"] + (["--shard-states"] if sharding == "fsdp" else [])
+    run_driver(tmp_path, ["qwen3-vl"], flags)
+    check_ranks(tmp_path / "qwen3-vl", *zoo_light("qwen3-vl"))
 
 
 def run_driver(out: Path, names: list[str], flags: list[str] | None = None) -> None:

@@ -2,11 +2,11 @@
 
     OMP_NUM_THREADS=1 python -m torch.distributed.run --standalone --nproc-per-node 2 \
         tests/user_program_driver.py [--shard-states] [--compile MODE] [--reduce-dtype bf16] \
-        OUT_DIR MODEL [MODEL ...]
+        [--accumulation K] OUT_DIR MODEL [MODEL ...]
 
 For each zoo model (tiny preset, seed-0 batch, as the test's one-process reference), every rank
 runs two UserProgram steps (eager unless --compile; DDP, or FSDP2 with --shard-states; the
-gradients reduced in fp32 unless --reduce-dtype bf16),
+gradients reduced in fp32 unless --reduce-dtype bf16; K micro-steps each with --accumulation),
 gradients zeroed before each (the second step checks that each iteration starts afresh), and
 writes OUT_DIR/MODEL/rank{r}.safetensors: the two loss shares ("loss.0", "loss.1"), every
 parameter's whole gradient after the second step ("grad.MODULE.PARAM") and the seconds spent
@@ -44,14 +44,14 @@ def structure_graph(name: str) -> MMGraph:
 
 
 def run_model(name: str, out_dir: Path, shard_states: bool, compile_mode: str | None,
-              reduce_dtype: torch.dtype) -> None:
+              reduce_dtype: torch.dtype, accumulation: int) -> None:
     model = get_model(name)
     graph = structure_graph(name)
     modules = model.build_modules("tiny")
     batch = model.make_inputs("tiny", graph.global_batch, torch.Generator().manual_seed(0))
     program = UserProgram(graph=graph, modules=modules, compile_mode=compile_mode,
                           device=torch.device("cpu"), shard_states=shard_states,
-                          reduce_dtype=reduce_dtype)
+                          reduce_dtype=reduce_dtype, accumulation=accumulation)
     data = program.local_batch(batch)
     saved = {}
     for step in range(2):
@@ -72,6 +72,7 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--shard-states", action="store_true")
     parser.add_argument("--compile", default=None)
     parser.add_argument("--reduce-dtype", choices=("fp32", "bf16"), default="fp32")
+    parser.add_argument("--accumulation", type=int, default=1)
     parser.add_argument("out_dir", type=Path)
     parser.add_argument("models", nargs="+")
     args = parser.parse_args(argv)
@@ -80,7 +81,8 @@ def main(argv: list[str]) -> None:
     try:
         for name in args.models:
             run_model(name, args.out_dir, args.shard_states, args.compile,
-                      torch.bfloat16 if args.reduce_dtype == "bf16" else torch.float32)
+                      torch.bfloat16 if args.reduce_dtype == "bf16" else torch.float32,
+                      args.accumulation)
     finally:
         dist.destroy_process_group()
 

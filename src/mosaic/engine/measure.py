@@ -553,37 +553,39 @@ def _check_bf16_weights(label: str, plan: Plan, engine: EngineConfig) -> None:
         raise BenchError(f"{label!r}: {refusal}")
 
 
-def user_program_bytes(graph: MMGraph, label: str, world_size: int) -> float:
+def user_program_bytes(graph: MMGraph, label: str, world_size: int,
+                       accumulation: int = 1) -> float:
     """Peak bytes per GPU of user program `label` by the plans' memory model: every module's
     fp32 training states, whole (DDP) or sharded over the world (FSDP2), its bf16 weight copies
-    and activations at global batch / world size."""
+    and activations at one micro-step's share of the batch."""
     fp32 = graph.with_precision(bf16_weights=False)
     shard = label in FSDP_USER_PROGRAMS and world_size > 1
-    return sum(replica_bytes(m, graph.global_batch, world_size, shard=shard)
+    return sum(replica_bytes(m, graph.global_batch // accumulation, world_size, shard=shard)
                for m in fp32.modules)
 
 
 def user_programs_that_fit(graph: MMGraph, labels: tuple[str, ...], world_size: int,
-                           gpu: GPUSpec) -> tuple[tuple[str, ...], dict[str, str]]:
+                           gpu: GPUSpec, accumulation: int = 1,
+                           ) -> tuple[tuple[str, ...], dict[str, str]]:
     """The user programs the memory model says fit on `gpu`, and why each other one does not
     (it is not built: the plans are measured without it, and the report says so)."""
     budget = gpu.memory_bytes * (1 - MEMORY_MARGIN)
     kept, left_out = [], {}
     for label in labels:
-        need = user_program_bytes(graph, label, world_size)
+        need = user_program_bytes(graph, label, world_size, accumulation)
         if need <= budget:
             kept.append(label)
             continue
         if label in FSDP_USER_PROGRAMS:
             how, fix = f"sharded over {world_size} GPUs (FSDP2)", "more GPUs or a smaller --batch"
         else:
-            fsdp = user_program_bytes(graph, "torch-compile-fsdp", world_size)
+            fsdp = user_program_bytes(graph, "torch-compile-fsdp", world_size, accumulation)
             how = "whole on every GPU (DDP)"
             fix = ("more GPUs, with torch-compile-fsdp" if world_size < 2 else
                    f"torch-compile-fsdp (FSDP2 shards them: about {fsdp / 2**30:.1f} GiB)")
         left_out[label] = (f"needs about {need / 2**30:.1f} GiB per GPU (every module's "
                            f"training states {how}, and activations at "
-                           f"{graph.global_batch // world_size} samples) but "
+                           f"{graph.global_batch // (world_size * accumulation)} samples) but "
                            f"{budget / 2**30:.1f} GiB is usable on {gpu.name}; it would run "
                            f"with {fix}")
     return tuple(kept), left_out
@@ -595,7 +597,7 @@ def _add_user_programs(s: _Setup, config: BenchConfig, model, preset: str) -> No
     it then fails on the H200 ("operation would make the legacy stream depend on a capturing
     blocking stream"). An FSDP2 program shards its modules in place, so it gets its own copy
     (same seed, same weights) and its own optimizer. Gradients are reduced in the engine's
-    precision: a plan summing them in bf16 is held to a user who does too."""
+    precision, and a step is as many micro-steps as the plans' (`--accumulation`)."""
     for label in config.user_programs:
         sharded = label in FSDP_USER_PROGRAMS
         modules = (build_modules(model, preset, s.graph.names, config.seed, s.device) if sharded
@@ -603,7 +605,8 @@ def _add_user_programs(s: _Setup, config: BenchConfig, model, preset: str) -> No
         program = UserProgram(graph=s.graph, modules=modules, compile_mode=USER_PROGRAMS[label],
                               device=s.device, amp=s.engine.amp,
                               compile_fn=user_compile_fn(s.compiled, label), shard_states=sharded,
-                              reduce_dtype=REDUCE_DTYPES[s.engine.reduce_dtype])
+                              reduce_dtype=REDUCE_DTYPES[s.engine.reduce_dtype],
+                              accumulation=s.engine.accumulation)
         contender = _user_contender(label, program, s.batch)
         if sharded:
             contender.modules = modules
@@ -1122,7 +1125,7 @@ def _without_unfitting_user_programs(graph: MMGraph, config: BenchConfig, gpu: G
     says why; the plans are still measured: where the user's program cannot run, mosaic's
     must). Each process counts the same, so every rank leaves out the same programs."""
     kept, left_out = user_programs_that_fit(graph, config.user_programs, launched_world_size(),
-                                            gpu)
+                                            gpu, config.engine.accumulation)
     for label, why in left_out.items():
         log.warning("bench: not measuring user program %r: it %s", label, why)
     if left_out:

@@ -42,12 +42,14 @@ import inspect
 import logging
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import FSDPModule
 
 from mosaic.engine.compile import MOSAIC_MODES, mode_options
 from mosaic.engine.fsdp import shard_program
@@ -165,11 +167,13 @@ class UserProgram:
     def __init__(self, *, graph: MMGraph, modules: dict[str, nn.Module], compile_mode: str | None,
                  device: torch.device, amp: bool | None = None,
                  compile_fn: CompileFn | None = None, shard_states: bool = False,
-                 reduce_dtype: torch.dtype = torch.float32) -> None:
+                 reduce_dtype: torch.dtype = torch.float32, accumulation: int = 1) -> None:
         self.graph, self.device = graph, torch.device(device)
         self.compile_mode = compile_mode
         self.rank, self.world_size = world()
         _check(graph, modules, compile_mode, self.world_size)
+        _check_accumulation(graph, modules, accumulation, self.world_size)
+        self.accumulation = accumulation
         if shard_states:
             _check_sharding(compile_mode, self.world_size)
         cuda = self.device.type == "cuda"
@@ -216,25 +220,50 @@ class UserProgram:
         return out
 
     def step(self, data: dict[str, tuple[Tensor, ...]]) -> Tensor:
-        """Forward and backward on `data` (from `local_batch`); returns this rank's share of
-        the global loss, detached: the sum over ranks is the global loss."""
+        """Forward and backward on `data` (from `local_batch`), as `accumulation` micro-steps
+        (each loss scaled by 1/K, gradients synchronised on the last only, as the engine's
+        `--accumulation K`); returns this rank's share of the global loss, detached: the sum
+        over ranks is the global loss."""
         timed = len(self._first_steps_s) <= self._compile_steps
         start_s = self._now() if timed else 0.0
-        if self.compile_mode in _CUDA_GRAPH_MODES:
-            # One training iteration per step for cudagraph trees (forward, then backward).
-            torch.compiler.cudagraph_mark_step_begin()
-        loss = self.model(data)
-        if not isinstance(loss, Tensor) or loss.dim() != 0:
-            raise UserProgramError(
-                f"sink {self.graph.names[-1]!r} must return a scalar loss tensor, got "
-                f"{getattr(loss, 'shape', type(loss).__name__)}; reduce the loss to a scalar")
-        loss.backward()
+        k = self.accumulation
+        if k == 1:
+            share = self._micro_step(data, 1, sync=True)
+        else:
+            share = torch.zeros((), device=self.device)
+            for i, part in enumerate(_micro_batches(data, k)):
+                # Added at once: a CUDA-graph tree's next replay overwrites its loss output.
+                share = share + self._micro_step(part, k, sync=i == k - 1)
         self._average_whole_grads()
-        share = loss.detach().float() / self.world_size
+        share = share / (k * self.world_size)
         if timed:
             self._first_steps_s.append(self._now() - start_s)
             self._account_compile()
         return share
+
+    def _micro_step(self, data: dict[str, tuple[Tensor, ...]], scale: int, sync: bool) -> Tensor:
+        """Forward and backward of the loss / `scale`, the gradients synchronised over the
+        world only if `sync`; returns the unscaled loss, detached."""
+        if self.compile_mode in _CUDA_GRAPH_MODES:
+            # One training iteration per step for cudagraph trees (forward, then backward).
+            torch.compiler.cudagraph_mark_step_begin()
+        with self._gradient_sync(sync):
+            loss = self.model(data)
+            if not isinstance(loss, Tensor) or loss.dim() != 0:
+                raise UserProgramError(
+                    f"sink {self.graph.names[-1]!r} must return a scalar loss tensor, got "
+                    f"{getattr(loss, 'shape', type(loss).__name__)}; reduce the loss to a scalar")
+            (loss / scale if scale > 1 else loss).backward()
+        return loss.detach().float()
+
+    def _gradient_sync(self, sync: bool) -> AbstractContextManager[Any]:
+        """DDP's `no_sync` on a micro-step that does not synchronise; FSDP2 has a setting."""
+        if isinstance(self.model, FSDPModule):
+            if self.accumulation > 1:  # a walk over every unit: not on every plain step
+                self.model.set_requires_gradient_sync(sync)
+        elif not sync and self.model is not self.program:
+            return self.model.no_sync()
+        return nullcontext()
 
     def _average_whole_grads(self) -> None:
         grads = [p.grad for p in self.whole_params if p.grad is not None]
@@ -290,6 +319,34 @@ def _wrap_ddp(program: GraphProgram, device: torch.device,
     elif reduce_dtype != torch.float32:
         raise UserProgramError(f"reduce_dtype={reduce_dtype}; use torch.float32 or torch.bfloat16")
     return ddp
+
+
+Batch = dict[str, tuple[Tensor, ...]]
+"""Each module's own input tensors, by module name."""
+
+
+def _micro_batches(data: Batch, k: int) -> list[Batch]:
+    """`data` cut into k micro-batches along the batch (views, no copies)."""
+    chunks = {m: [t.chunk(k) for t in tensors] for m, tensors in data.items()}
+    return [{m: tuple(c[i] for c in parts) for m, parts in chunks.items()} for i in range(k)]
+
+
+def _check_accumulation(graph: MMGraph, modules: dict[str, nn.Module], accumulation: int,
+                        world_size: int) -> None:
+    if accumulation < 1:
+        raise UserProgramError(f"accumulation={accumulation} must be >= 1 (1: none)")
+    if accumulation == 1:
+        return
+    heads = [m for m in graph.names if _needs_global_batch(modules[m])]
+    if heads:
+        raise UserProgramError(f"modules {heads} need the whole batch in one step (a contrastive "
+                               "loss), so the program cannot accumulate micro-batches; use "
+                               "accumulation=1, as the engine does for them")
+    per_rank = graph.global_batch // world_size
+    if per_rank % accumulation:
+        raise UserProgramError(f"{per_rank} samples per process do not split into "
+                               f"accumulation={accumulation} equal micro-batches; use a global "
+                               f"batch that is a multiple of {world_size * accumulation}")
 
 
 def _check_sharding(compile_mode: str | None, world_size: int) -> None:
