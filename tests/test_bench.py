@@ -423,6 +423,8 @@ def test_the_users_fsdp2_program_trains_its_own_copy_beside_the_plans(tmp_path, 
     assert report["checks"]["gradients"]["reference"] == reference
     assert report["checks"].get("plan_groups") == ([[], ["megatron"]] if rounds == "alone"
                                                    else None)
+    if rounds == "alone":  # the plans' group is judged against the user program's gradients
+        assert [g["reference"] for g in report["checks"]["gradient_groups"]] == [reference] * 2
     assert all(max(r["grad_error"].values()) < 1e-4 for r in rows.values())
     assert rows[fsdp]["measured_iteration_s"] > 0
     if compiled:

@@ -1179,15 +1179,14 @@ def _measure_group(model, preset: str, graph: MMGraph, plans: dict[str, Plan], g
                         f"{s.compiled.to_dict()['total_compile_s']:.0f} s)")
         _capture(s, progress)
         _add_user_programs(s, config, model, preset)
+        if reference is None and keep_reference and not losses:  # user programs alone
+            reference = _Reference(*next(iter(_losses(s).items())))
         checks: dict[str, Any] = {"compile": s.compiled.to_dict()}
         errors: dict[str, dict[str, float]] = {}
         if config.check_gradients:
             errors, checks["gradients"] = _checked_gradients(s, graph.names, reference)
             progress.say(s, "gradients checked (user programs compiled)")
-        losses = _losses(s)
-        if reference is None and keep_reference:
-            reference = _Reference(*next(iter(losses.items())))
-        _check_losses("after compile and CUDA-graph capture", losses, reference)
+        _check_losses("after compile and CUDA-graph capture", _losses(s), reference)
         timings = _timed_rounds(s, config)
         peak = _peak_and_reset(s)
         checks["peak_memory_bytes"] = (None if peak is None else  # the fullest rank's
