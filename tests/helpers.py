@@ -47,11 +47,11 @@ def bench_two_ranks(model: str, out: Path, *args: str, timeout: float = 240) -> 
          "analytic", "--rounds", "1", "--warmup", "1", "--cpu-smoke", "--out", str(out),
          "--json", *args],
         capture_output=True, text=True, timeout=timeout, env=env)
-    assert result.returncode == 0, _failure_lines(result.stderr)
+    assert result.returncode == 0, failure_lines(result.stderr)
     return json.loads((out / "bench.json").read_text()), result.stderr
 
 
-def _failure_lines(stderr: str) -> str:
+def failure_lines(stderr: str) -> str:
     """A failed torchrun's stderr ends in the launcher's summary, which hides the rank's own
     error (a rank aborted once, SIGABRT, in CI): its error lines first, then the tail."""
     marks = ("error", "abort", "terminate", "exception", "what()")

@@ -21,7 +21,7 @@ from mosaic.engine import user_program
 from mosaic.engine.user_program import UserProgram, UserProgramError
 from mosaic.graph import MMGraph
 from mosaic.zoo import get_model
-from tests.helpers import spec
+from tests.helpers import failure_lines, spec
 from tests.test_engine import Contrastive
 
 CPU = torch.device("cpu")
@@ -208,23 +208,35 @@ def test_two_processes_sharding_with_fsdp2_equal_one(tmp_path, compile_mode):
 
 
 @pytest.mark.slow
-def test_two_processes_reducing_gradients_in_bf16(tmp_path):
-    """reduce_dtype=bf16: FSDP2 reduce-scatters in bf16 (within bf16's rounding of the
-    one-process gradients); DDP's bf16 hook needs NCCL, so on gloo DDP stays in fp32, exactly."""
-    run_driver(tmp_path / "fsdp", ["clip"], ["--shard-states", "--reduce-dtype", "bf16"])
-    run_driver(tmp_path / "ddp", ["clip"], ["--reduce-dtype", "bf16"])
-    check_ranks(tmp_path / "ddp" / "clip", *zoo_light("clip"))
-    model, modules, batch = zoo_light("clip")
-    _, ref_grads = reference(modules, lambda: model.loss(modules, batch))
-    for rank in range(2):  # per module, as the bench compares (a k_proj bias's is ~1e-9: noise)
-        state = load_file(str(tmp_path / "fsdp" / "clip" / f"rank{rank}.safetensors"))
-        errors = {}
-        for m in modules:
-            keys = [key for key in ref_grads if key.startswith(f"{m}.")]
-            ref = torch.cat([ref_grads[key].reshape(-1) for key in keys])
-            got = torch.cat([state[f"grad.{key}"].reshape(-1) for key in keys])
-            errors[m] = float((got - ref).norm() / ref.norm())
-        assert 0 < max(errors.values()) < 1e-2, errors  # bf16 sums: rounded, close
+def test_ddp_on_gloo_keeps_fp32_sums_when_bf16_is_asked(tmp_path):
+    """reduce_dtype=bf16: torch's bf16 hook needs NCCL, so on gloo DDP says so and sums in
+    fp32, exactly (over NCCL: tests/gpu/test_sharding_gpu.py)."""
+    run_driver(tmp_path, ["clip"], ["--reduce-dtype", "bf16"])
+    check_ranks(tmp_path / "clip", *zoo_light("clip"))
+
+
+def test_the_fsdp2_program_shards_layers_then_modules_then_itself_in_the_precisions_asked(
+        monkeypatch):
+    """torchtitan's order of units (each module's layers, the module, then the program as the
+    root), each with the weights' and gradients' dtypes asked for. (bf16 reduce-scatters over
+    gloo are left to the GPU test: a gloo rank aborted in them at teardown in two of three
+    loaded suites on 2026-12-05, never in 15 runs alone.)"""
+    from mosaic.engine import fsdp
+
+    model, graph, modules, _ = zoo("clip")
+    units = []
+    monkeypatch.setattr(fsdp, "fully_shard", lambda unit, *, mesh, mp_policy, ignored_params: (
+        units.append((unit, mp_policy.param_dtype, mp_policy.reduce_dtype, ignored_params))))
+    monkeypatch.setattr(user_program, "world", lambda: (0, 2))
+    monkeypatch.setattr(user_program.DeviceMesh, "from_group", lambda group, device_type: None)
+    program = UserProgram(graph=graph, modules=modules, compile_mode=None, device=CPU, amp=True,
+                          shard_states=True, reduce_dtype=torch.bfloat16)
+    expected = [u for m in graph.names for u in (*fsdp.layer_units(modules[m]), modules[m])]
+    assert [u for u, *_ in units] == [*expected, program.program]
+    assert len(expected) > len(graph.names)  # the transformers' layers are units of their own
+    assert {(weights, grads) for _, weights, grads, _ in units} == {(torch.bfloat16, torch.bfloat16)}
+    temperature = modules["align"].logit_scale
+    assert program.whole_params == [temperature] and all(temperature in i for *_, i in units)
 
 
 @pytest.mark.slow
@@ -241,11 +253,10 @@ def test_two_processes_accumulating_micro_batches_equal_one(tmp_path, sharding):
 def run_driver(out: Path, names: list[str], flags: list[str] | None = None) -> None:
     paths = [str(DRIVER.parents[1] / "src"), os.environ.get("PYTHONPATH")]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(filter(None, paths))}
-    result = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-         str(DRIVER), *(flags or []), str(out), *names],
-        env=env, capture_output=True, text=True, timeout=240)
-    assert result.returncode == 0, result.stderr[-4000:]
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+               "2", str(DRIVER), *(flags or []), str(out), *names]
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, failure_lines(result.stderr)
 
 
 def check_ranks(where: Path, model, modules: dict[str, nn.Module], batch) -> None:

@@ -58,6 +58,9 @@ from mosaic.graph import MMGraph
 
 log = logging.getLogger(__name__)
 
+Batch = dict[str, tuple[Tensor, ...]]
+"""Each module's own input tensors, by module name."""
+
 CompileFn = Callable[[str, nn.Module, str], Callable[..., Any]]
 """(module name, module, mode) -> the callable that runs the module (a separate object)."""
 
@@ -139,7 +142,7 @@ class GraphProgram(nn.Module):
         self.amp, self.device_type = amp, device_type
         self.distributed = world()[1] > 1
 
-    def forward(self, data: dict[str, tuple[Tensor, ...]]) -> Tensor:
+    def forward(self, data: Batch) -> Tensor:
         outputs: dict[str, Tensor] = {}
         with torch.autocast(self.device_type, dtype=torch.bfloat16, enabled=self.amp):
             for m in self.names:
@@ -206,7 +209,7 @@ class UserProgram:
         """Every module's parameters, graph order (what the caller's optimizer updates)."""
         return list(self.program.parameters())
 
-    def local_batch(self, batch: dict[str, tuple[Tensor, ...]]) -> dict[str, tuple[Tensor, ...]]:
+    def local_batch(self, batch: Batch) -> Batch:
         """This rank's samples [r*N/W, (r+1)*N/W) of every module's own inputs, on the device
         (a module needing the global batch gets all N). Call before the timed region."""
         per_rank = self.graph.global_batch // self.world_size
@@ -219,7 +222,7 @@ class UserProgram:
             out[m] = tuple(t[lo:hi].to(self.device, non_blocking=True) for t in tensors)
         return out
 
-    def step(self, data: dict[str, tuple[Tensor, ...]]) -> Tensor:
+    def step(self, data: Batch) -> Tensor:
         """Forward and backward on `data` (from `local_batch`), as `accumulation` micro-steps
         (each loss scaled by 1/K, gradients synchronised on the last only, as the engine's
         `--accumulation K`); returns this rank's share of the global loss, detached: the sum
@@ -241,7 +244,7 @@ class UserProgram:
             self._account_compile()
         return share
 
-    def _micro_step(self, data: dict[str, tuple[Tensor, ...]], scale: int, sync: bool) -> Tensor:
+    def _micro_step(self, data: Batch, scale: int, sync: bool) -> Tensor:
         """Forward and backward of the loss / `scale`, the gradients synchronised over the
         world only if `sync`; returns the unscaled loss, detached."""
         if self.compile_mode in _CUDA_GRAPH_MODES:
@@ -319,10 +322,6 @@ def _wrap_ddp(program: GraphProgram, device: torch.device,
     elif reduce_dtype != torch.float32:
         raise UserProgramError(f"reduce_dtype={reduce_dtype}; use torch.float32 or torch.bfloat16")
     return ddp
-
-
-Batch = dict[str, tuple[Tensor, ...]]
-"""Each module's own input tensors, by module name."""
 
 
 def _micro_batches(data: Batch, k: int) -> list[Batch]:
