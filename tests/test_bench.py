@@ -119,6 +119,18 @@ def test_user_programs_accumulate_as_many_micro_steps_as_the_plans(monkeypatch):
     assert micro_steps and micro_steps == [(2, False), (2, True)] * (len(micro_steps) // 2)
 
 
+def test_the_bench_table_says_which_user_programs_were_left_out_and_why(capsys):
+    from mosaic.report.bench_report import print_bench_table
+
+    why = ("needs about 147.0 GiB per GPU (every module's training states whole on every GPU "
+           "(DDP), and activations at 1 samples) but 125.1 GiB is usable on h200; it would run "
+           "with torch-compile-fsdp (FSDP2 shards them: about 92.3 GiB)")  # one line, unwrapped
+    print_bench_table({"model": "qwen3-vl", "preset": "paper", "global_batch": 2, "gpus": 2,
+                       "hardware": "h200", "results": [], "date": "2026-12-05", "torch": "2.11",
+                       "checks": {"user_programs_left_out": {"torch-compile": why}}})
+    assert f"torch-compile: not measured: it {why}" in capsys.readouterr().out
+
+
 def test_plans_measured_in_groups_are_each_set_up_from_the_same_weights_and_released(monkeypatch):
     """`--plans-at-once 1` (Unified-IO 2 `paper`: four plans' CUDA graph pools did not fit on
     the H200 together): each plan is built afresh from the seed, checked, timed and closed

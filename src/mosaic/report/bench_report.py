@@ -88,3 +88,5 @@ def print_bench_table(report: dict) -> None:
     console.print(table)
     console.print(f"{report['date']}  torch {report['torch']}  perf model: "
                   f"{report.get('perf_model', '-')}", markup=False)  # "[alpha=...]" is text
+    for label, why in report.get("checks", {}).get("user_programs_left_out", {}).items():
+        console.print(f"{label}: not measured: it {why}", markup=False, soft_wrap=True)
