@@ -218,9 +218,8 @@ def test_ddp_on_gloo_keeps_fp32_sums_when_bf16_is_asked(tmp_path):
 def test_the_fsdp2_program_shards_layers_then_modules_then_itself_in_the_precisions_asked(
         monkeypatch):
     """torchtitan's order of units (each module's layers, the module, then the program as the
-    root), each with the weights' and gradients' dtypes asked for. (bf16 reduce-scatters over
-    gloo are left to the GPU test: a gloo rank aborted in them at teardown in two of three
-    loaded suites on 2026-12-05, never in 15 runs alone.)"""
+    root), each with the weights' and gradients' dtypes asked for; the bf16 reduce-scatters
+    themselves run in the NCCL GPU test (tests/gpu/test_sharding_gpu.py)."""
     from mosaic.engine import fsdp
 
     model, graph, modules, _ = zoo("clip")

@@ -16,6 +16,7 @@ compiling ("compile_seconds").
 from __future__ import annotations
 
 import argparse
+import gc
 import sys
 from pathlib import Path
 
@@ -84,7 +85,12 @@ def main(argv: list[str]) -> None:
                       torch.bfloat16 if args.reduce_dtype == "bf16" else torch.float32,
                       args.accumulation)
     finally:
+        # FSDP2's state is cyclic garbage that still holds the group: collected at interpreter
+        # exit instead, after the group, a gloo rank aborted now and then ("terminate called
+        # without an active exception"), as engine/session.end_distributed says of NCCL.
+        gc.collect()
         dist.destroy_process_group()
+        gc.collect()
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ import sys
 import pytest
 import torch
 
+from tests.helpers import failure_lines
 from tests.test_engine import reference_state
 from tests.test_sharding_engine import (
     LR,
@@ -120,7 +121,7 @@ def test_the_users_fsdp2_program_passes_the_bench_check_beside_ddp_over_nccl(tmp
          "--user-programs", "torch-eager,torch-compile,torch-compile-fsdp", "--json",
          "--reduce-dtype", reduce_dtype],
         capture_output=True, text=True, timeout=420, env=env)
-    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.returncode == 0, failure_lines(result.stderr)
     report = json.loads((tmp_path / "bench.json").read_text())
     rows = {r["planner"]: r for r in report["results"]}
     compiled = report["checks"]["compile"]

@@ -578,11 +578,12 @@ def user_programs_that_fit(graph: MMGraph, labels: tuple[str, ...], world_size: 
             continue
         if label in FSDP_USER_PROGRAMS:
             how, fix = f"sharded over {world_size} GPUs (FSDP2)", "more GPUs or a smaller --batch"
+        elif world_size < 2:
+            how, fix = "whole on every GPU (DDP)", "more GPUs, with torch-compile-fsdp"
         else:
             fsdp = user_program_bytes(graph, "torch-compile-fsdp", world_size, accumulation)
             how = "whole on every GPU (DDP)"
-            fix = ("more GPUs, with torch-compile-fsdp" if world_size < 2 else
-                   f"torch-compile-fsdp (FSDP2 shards them: about {fsdp / 2**30:.1f} GiB)")
+            fix = f"torch-compile-fsdp (FSDP2 shards them: about {fsdp / 2**30:.1f} GiB)"
         left_out[label] = (f"needs about {need / 2**30:.1f} GiB per GPU (every module's "
                            f"training states {how}, and activations at "
                            f"{graph.global_batch // (world_size * accumulation)} samples) but "
