@@ -456,23 +456,24 @@ def test_the_fsdp2_program_gathering_bf16_weights_is_of_the_bf16_kernel_class():
     assert measure._kernel_class(contender(None)) == "fp32 weights"
 
 
-def test_gradients_are_compared_a_chunk_at_a_time_as_one_norm_would(monkeypatch):
-    """A large model's flat gradient is written a parameter at a time and compared with the
-    host's reference a chunk at a time (memory); the numbers are those of one whole norm."""
+def test_gradients_are_compared_a_parameter_and_a_chunk_at_a_time_as_one_norm_would(monkeypatch):
+    """The reference's flat gradient is written a parameter at a time on the host; a
+    contender's gradients are compared with it a parameter, and within one a chunk, at a time
+    (memory); the numbers are those of one whole norm, a missing gradient counting as zeros."""
     from torch import nn
 
     from mosaic.engine import measure
 
     monkeypatch.setattr(measure, "COMPARE_CHUNK", 7)
-    generator = torch.Generator().manual_seed(0)
-    ref, grad = torch.randn(50, generator=generator), torch.randn(50, generator=generator)
-    norm, distance = measure._norm_and_distance(ref, grad)
-    assert norm == pytest.approx(float(ref.norm()), rel=1e-6)
-    assert distance == pytest.approx(float((grad - ref).norm()), rel=1e-6)
-    params = [nn.Parameter(torch.ones(2, 3)), nn.Parameter(torch.ones(4)), nn.Parameter(torch.ones(1))]
-    params[0].grad, params[2].grad = torch.full((2, 3), 2.0), torch.full((1,), 3.0)
+    params = [nn.Parameter(torch.ones(4, 5)), nn.Parameter(torch.ones(4)), nn.Parameter(torch.ones(9))]
+    params[0].grad, params[2].grad = torch.full((4, 5), 2.0), torch.full((9,), 3.0)
     flat = measure._flat_grad(params, torch.device("cpu"))
-    assert flat.tolist() == [2.0] * 6 + [0.0] * 4 + [3.0]
+    assert flat.tolist() == [2.0] * 20 + [0.0] * 4 + [3.0] * 9
+    generator = torch.Generator().manual_seed(0)
+    ref = torch.randn(flat.numel(), generator=generator)
+    norm, distance = measure._module_norm_and_distance(ref, params, torch.device("cpu"))
+    assert norm == pytest.approx(float(ref.norm()), rel=1e-6)
+    assert distance == pytest.approx(float((flat - ref).norm()), rel=1e-6)
 
 
 def test_running_out_of_gpu_memory_names_the_phase_and_the_fix(monkeypatch):

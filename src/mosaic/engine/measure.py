@@ -682,26 +682,32 @@ def _check_losses(when: str, losses: dict[str, float], reference: _Reference | N
                              f"{ref:.5f} at the same weights; it computes something else")
 
 
-def _module_grads(s: _Setup, c: _Contender) -> dict[str, torch.Tensor]:
-    """One flat fp32 gradient per module this contender trains on this rank (zeros where a
-    parameter got none), after one forward and backward at the current weights."""
+def _held_params(s: _Setup, c: _Contender) -> dict[str, list[nn.Parameter]]:
+    """The parameters this contender trains on this rank, per module, in module order."""
+    held = {id(p) for p in c.params}
+    per_module = {name: [p for p in module.parameters() if id(p) in held]
+                  for name, module in (c.modules or s.modules).items()}
+    return {name: params for name, params in per_module.items() if params}
+
+
+def _reference_grads(s: _Setup, c: _Contender) -> dict[str, torch.Tensor]:
+    """One flat fp32 gradient per module the reference trains on this rank, on the host
+    (zeros where a parameter got none), after one forward and backward at the current
+    weights. On the host: beside each contender's own gradients on the GPU it would need room
+    for two models' gradients (Qwen3-VL `paper`'s LLM: 32 GB each)."""
     _zero_grads(s)
     _step(c)
-    held = {id(p) for p in c.params}
-    grads = {}
-    for name, module in (c.modules or s.modules).items():
-        params = [p for p in module.parameters() if id(p) in held]
-        if params:
-            grads[name] = _flat_grad(params, s.device)
+    grads = {name: _flat_grad(params, torch.device("cpu"))
+             for name, params in _held_params(s, c).items()}
     _zero_grads(s)
     return grads
 
 
 def _flat_grad(params: list[nn.Parameter], device: torch.device) -> torch.Tensor:
-    """The parameters' whole gradients, fp32, in one flat tensor (zeros where none), written
-    into it one parameter at a time: a shard's gradient is gathered whole (a collective over
-    its mesh), and a module's whole gradients beside their concatenation would need twice
-    its size (Qwen3-VL `paper`'s LLM: 32 GB more, beside its sharded training states)."""
+    """The parameters' whole gradients, fp32, in one flat tensor on `device` (zeros where
+    none), written into it one parameter at a time: a shard's gradient is gathered whole (a
+    collective over its mesh), and a module's gradients gathered whole at once would need
+    its size again on the GPU."""
     flat = torch.zeros(sum(p.numel() for p in params), device=device)
     start = 0
     for p in params:
@@ -711,17 +717,23 @@ def _flat_grad(params: list[nn.Parameter], device: torch.device) -> torch.Tensor
     return flat
 
 
-def _relative_errors(grads: dict[str, torch.Tensor], ref: dict[str, torch.Tensor],
-                     names: list[str], device: torch.device) -> dict[str, float]:
-    """Per module ||g - g_ref|| / ||g_ref||, the worst over the ranks that hold it."""
+def _relative_errors(s: _Setup, c: _Contender, ref: dict[str, torch.Tensor],
+                     names: list[str]) -> dict[str, float]:
+    """Per module ||g - g_ref|| / ||g_ref|| after one forward and backward of `c` at the
+    current weights, the worst over the ranks that hold it. Compared a parameter at a time:
+    a sharded module's gradient is gathered one parameter at a time, never whole."""
+    _zero_grads(s)
+    _step(c)
+    held = _held_params(s, c)
     local = []
     for name in names:
-        if name in grads and name in ref:
-            norm, diff = _norm_and_distance(ref[name], grads[name])
+        if name in held and name in ref:
+            norm, diff = _module_norm_and_distance(ref[name], held[name], s.device)
             local.append(diff / norm if norm > 0 else diff)
         else:
             local.append(-1.0)  # not held here: the MAX over ranks ignores it
-    worst = _world_sum(local, device, op="max")
+    _zero_grads(s)
+    worst = _world_sum(local, s.device, op="max")
     return {n: e for n, e in zip(names, worst, strict=True) if e >= 0}
 
 
@@ -729,18 +741,31 @@ COMPARE_CHUNK = 1 << 26
 """Elements of a reference gradient kept on the host that are moved to the device at once."""
 
 
-def _norm_and_distance(ref: torch.Tensor, grad: torch.Tensor) -> tuple[float, float]:
-    """||ref|| and ||grad - ref||, the reference moved to grad's device a chunk at a time (a
-    later plan group's reference lives on the host: a copy of it whole on the GPU would sit
-    beside the plan's own states)."""
-    squares = torch.zeros(2, dtype=torch.float64, device=grad.device)
-    for start in range(0, ref.numel(), COMPARE_CHUNK):
-        part = ref[start:start + COMPARE_CHUNK].to(grad.device)
-        mine = grad[start:start + COMPARE_CHUNK]
-        squares[0] += part.double().square().sum()
-        squares[1] += (mine - part).double().square().sum()
+def _module_norm_and_distance(ref: torch.Tensor, params: list[nn.Parameter],
+                              device: torch.device) -> tuple[float, float]:
+    """||ref|| and ||g - ref|| for the flat reference `ref` of a module whose parameters
+    are `params` (g: their gradients, zero where none), one parameter at a time."""
+    squares = torch.zeros(2, dtype=torch.float64, device=device)
+    start = 0
+    for p in params:
+        part = ref[start:start + p.numel()]
+        grad = (full_tensor(p.grad).detach().reshape(-1) if p.grad is not None
+                else torch.zeros(p.numel(), device=device))
+        _add_squares(squares, part, grad)
+        start += p.numel()
     norm, diff = squares.sqrt().tolist()
     return norm, diff
+
+
+def _add_squares(squares: torch.Tensor, ref: torch.Tensor, grad: torch.Tensor) -> None:
+    """Adds ||ref||^2 and ||grad - ref||^2 to `squares`, the reference moved to grad's device
+    a chunk at a time (a later plan group's reference lives on the host: a copy of it whole
+    on the GPU would sit beside the plan's own states)."""
+    for start in range(0, ref.numel(), COMPARE_CHUNK):
+        part = ref[start:start + COMPARE_CHUNK].to(grad.device)
+        mine = grad[start:start + COMPARE_CHUNK].float()
+        squares[0] += part.double().square().sum()
+        squares[1] += (mine - part).double().square().sum()
 
 
 def _check_gradients(s: _Setup, names: list[str], stored: _Reference | None = None,
@@ -753,11 +778,8 @@ def _check_gradients(s: _Setup, names: list[str], stored: _Reference | None = No
         reference, ref = stored.grad_label, stored.grads
     else:
         reference = "torch-eager" if "torch-eager" in labels else labels[0]
-        # On the host: beside each contender's own whole gradients on the GPU it would need
-        # room for two models' gradients (Qwen3-VL `paper`'s LLM: 32 GB each).
-        ref = {name: g.cpu() for name, g in _module_grads(s, s.contenders[reference]).items()}
-    errors = {label: _relative_errors(_module_grads(s, s.contenders[label]), ref, names, s.device)
-              for label in labels}
+        ref = _reference_grads(s, s.contenders[reference])
+    errors = {label: _relative_errors(s, s.contenders[label], ref, names) for label in labels}
     checks = (dict(stored.grad_checks) if stored is not None and stored.grad_label is not None
               else _gradient_tolerance(s, reference, errors))
     unchecked = {label: sorted(set(names) - set(e)) for label, e in errors.items()
