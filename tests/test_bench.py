@@ -94,6 +94,18 @@ def test_the_plans_are_measured_without_a_user_program_that_cannot_fit(monkeypat
     assert "needs about 1048576.0 GiB" in checks["user_programs_left_out"]["torch-compile"]
 
 
+def test_an_fsdp2_user_program_on_one_process_is_refused_before_anything_compiles(monkeypatch):
+    from mosaic.engine import measure
+
+    monkeypatch.setattr(measure, "_setup", lambda *args, **kwargs: pytest.fail("set up"))
+    model = get_model("clip")
+    graph = model.graph("tiny")
+    config = BenchConfig(rounds=1, nvml_seconds=0, user_programs=("torch-compile-fsdp",))
+    with pytest.raises(BenchError, match=r"\['torch-compile-fsdp'\] shard the training states.*"
+                                         r"torchrun --standalone --nproc-per-node N"):
+        measure_plans(model, "tiny", graph, _plans(graph), H200, config)
+
+
 def test_user_programs_accumulate_as_many_micro_steps_as_the_plans(monkeypatch):
     """`--accumulation 2` on an LLM-sink model: the user program runs two micro-steps too, each
     loss halved and only the second synchronised, and its loss and gradients match the

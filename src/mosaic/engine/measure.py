@@ -1146,8 +1146,16 @@ def _without_unfitting_user_programs(graph: MMGraph, config: BenchConfig, gpu: G
                                      checks: dict[str, Any]) -> BenchConfig:
     """`config` less the user programs that cannot fit (`checks["user_programs_left_out"]`
     says why; the plans are still measured: where the user's program cannot run, mosaic's
-    must). Each process counts the same, so every rank leaves out the same programs."""
-    kept, left_out = user_programs_that_fit(graph, config.user_programs, launched_world_size(),
+    must). Each process counts the same, so every rank leaves out the same programs. An
+    FSDP2 program on one process is refused here, before anything compiles."""
+    world_size = launched_world_size()
+    sharded = sorted(set(config.user_programs) & set(FSDP_USER_PROGRAMS))
+    if sharded and world_size < 2:
+        raise BenchError(f"user_programs {sharded} shard the training states over the GPUs, and "
+                         "this bench runs one process; launch it on several GPUs (`torchrun "
+                         "--standalone --nproc-per-node N -m mosaic bench MODEL --gpus N`) or "
+                         "measure the DDP programs (torch-eager, torch-compile)")
+    kept, left_out = user_programs_that_fit(graph, config.user_programs, world_size,
                                             gpu, config.engine.accumulation)
     for label, why in left_out.items():
         log.warning("bench: not measuring user program %r: it %s", label, why)
