@@ -10,6 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from mosaic.graph import MMGraph, ModuleSpec
+from mosaic.plan import Placement, Plan, Stage
 
 WORKER_PRELOAD = (
     "torch", "torch.distributed", "torch.distributed.tensor", "torch.distributed.checkpoint",
@@ -96,12 +97,11 @@ def measured_variant(monkeypatch, variant: str, label: str, steps_in_flight: int
     from mosaic.engine.session import EngineConfig
     from mosaic.hardware import H200
     from mosaic.zoo import get_model
-    from tests.test_bench import _plans
 
     monkeypatch.setattr(main_weights, "MIN_ELEMENTS", 1)  # the tiny model's weights go bf16
     model = get_model("clip")
     graph = model.graph("tiny")
-    plans = _plans(graph)
+    plans = bench_plans(graph)
     plans[label] = plans["mosaic"]
     config = BenchConfig(rounds=1, steps_per_round=1, warmup_steps=0, nvml_seconds=0,
                          in_flight_steps=steps_in_flight, user_programs=(),
@@ -110,3 +110,31 @@ def measured_variant(monkeypatch, variant: str, label: str, steps_in_flight: int
         label: replace(config.engine, **parse_variant(variant))})
     return {m.label: m for m in measurements}[label], checks, plans
 
+
+def bench_plans(graph: MMGraph) -> dict[str, Plan]:
+    """One-GPU plans of an encoders-and-head model: megatron's one module at a time, and
+    mosaic's encoders sharing the GPU freely, the first one first."""
+    enc = [m for m in graph.names if m != "align"]
+    head = Stage(placements=(Placement(module="align", gpus=(0,)),))
+    temporal = Stage(placements=tuple(Placement(module=m, gpus=(0,)) for m in enc))
+    free = Stage(sharing="free", placements=tuple(
+        Placement(module=m, gpus=(0,), priority=int(i == 0)) for i, m in enumerate(enc)))
+    return {name: Plan(model=graph.name, planner=name, num_gpus=1, stages=(s, head),
+                       predicted_iteration_s=0.01)
+            for name, s in (("megatron", temporal), ("mosaic", free))}
+
+
+def drop_text_grads_of_mosaic(monkeypatch) -> None:
+    """Break mosaic's plan: its steps leave the text encoder without gradients."""
+    from mosaic.engine.runner import PlanRunner
+
+    real_step = PlanRunner.step
+
+    def drop_text_grads(self, data, **kwargs):
+        out = real_step(self, data, **kwargs)
+        if self.plan.planner == "mosaic":
+            for p in self.modules["text"].parameters():
+                p.grad = None
+        return out
+
+    monkeypatch.setattr(PlanRunner, "step", drop_text_grads)

@@ -11,18 +11,7 @@ from mosaic.graph import MMGraph
 from mosaic.hardware import H200
 from mosaic.plan import Placement, Plan, Stage, gpu_memory_bytes
 from mosaic.zoo import get_model
-from tests.helpers import bench_two_ranks
-
-
-def _plans(graph):
-    enc = [m for m in graph.names if m != "align"]
-    head = Stage(placements=(Placement(module="align", gpus=(0,)),))
-    temporal = Stage(placements=tuple(Placement(module=m, gpus=(0,)) for m in enc))
-    free = Stage(sharing="free", placements=tuple(
-        Placement(module=m, gpus=(0,), priority=int(i == 0)) for i, m in enumerate(enc)))
-    return {name: Plan(model=graph.name, planner=name, num_gpus=1, stages=(s, head),
-                       predicted_iteration_s=0.01)
-            for name, s in (("megatron", temporal), ("mosaic", free))}
+from tests.helpers import bench_plans, bench_two_ranks, drop_text_grads_of_mosaic
 
 
 def test_bench_measures_every_plan_and_reports_ratios(tmp_path):
@@ -30,7 +19,7 @@ def test_bench_measures_every_plan_and_reports_ratios(tmp_path):
     graph = model.graph("tiny")
     config = BenchConfig(rounds=2, steps_per_round=2, warmup_steps=1, nvml_seconds=0,
                          user_programs=("torch-eager",))
-    measurements, checks = measure_plans(model, "tiny", graph, _plans(graph), H200, config)
+    measurements, checks = measure_plans(model, "tiny", graph, bench_plans(graph), H200, config)
     assert [m.label for m in measurements] == ["megatron", "mosaic", "torch-eager"]
     assert all(len(m.step_times_s) == 4 for m in measurements)
     # On a CPU the host computes as it launches: launching is nearly the whole step.
@@ -89,7 +78,7 @@ def test_the_plans_are_measured_without_a_user_program_that_cannot_fit(monkeypat
     graph = model.graph("tiny")
     config = BenchConfig(rounds=1, steps_per_round=1, warmup_steps=1, nvml_seconds=0,
                          in_flight_steps=0, user_programs=("torch-eager", "torch-compile"))
-    measurements, checks = measure_plans(model, "tiny", graph, _plans(graph), H200, config)
+    measurements, checks = measure_plans(model, "tiny", graph, bench_plans(graph), H200, config)
     assert [m.label for m in measurements] == ["megatron", "mosaic", "torch-eager"]
     assert "needs about 1048576.0 GiB" in checks["user_programs_left_out"]["torch-compile"]
 
@@ -103,7 +92,7 @@ def test_an_fsdp2_user_program_on_one_process_is_refused_before_anything_compile
     config = BenchConfig(rounds=1, nvml_seconds=0, user_programs=("torch-compile-fsdp",))
     with pytest.raises(BenchError, match=r"\['torch-compile-fsdp'\] shard the training states.*"
                                          r"torchrun --standalone --nproc-per-node N"):
-        measure_plans(model, "tiny", graph, _plans(graph), H200, config)
+        measure_plans(model, "tiny", graph, bench_plans(graph), H200, config)
 
 
 def test_user_programs_accumulate_as_many_micro_steps_as_the_plans(monkeypatch):
@@ -151,7 +140,7 @@ def test_plans_measured_in_groups_are_each_set_up_from_the_same_weights_and_rele
 
     model = get_model("clip")
     graph = model.graph("tiny")
-    plans = _plans(graph)
+    plans = bench_plans(graph)
     plans = {"megatron": plans["megatron"], "distmm": replace(plans["megatron"], planner="distmm"),
              "mosaic": plans["mosaic"]}
     closed, built = [], []
@@ -188,7 +177,7 @@ def test_plans_measured_in_groups_are_each_set_up_from_the_same_weights_and_rele
 def test_identical_plans_are_measured_once_and_reported_for_every_label():
     model = get_model("clip")
     graph = model.graph("tiny")
-    plans = _plans(graph)
+    plans = bench_plans(graph)
     plans = {"megatron": plans["megatron"], "distmm": replace(plans["megatron"], planner="distmm"),
              "mosaic": plans["mosaic"]}
     config = BenchConfig(rounds=1, steps_per_round=2, warmup_steps=0, nvml_seconds=0,
@@ -215,7 +204,7 @@ def test_user_programs_can_be_timed_in_their_own_rounds_after_the_plans(monkeypa
     config = BenchConfig(rounds=2, steps_per_round=1, warmup_steps=1, nvml_seconds=0,
                          user_programs=("torch-eager",), user_rounds="apart",
                          check_gradients=False)
-    measurements, _ = measure_plans(model, "tiny", graph, _plans(graph), H200, config)
+    measurements, _ = measure_plans(model, "tiny", graph, bench_plans(graph), H200, config)
     assert all(len(m.step_times_s) == 2 for m in measurements)
     timed = order[:9]  # warmup and rounds; the NVML and timeline steps come later
     assert timed[:6].count("torch-eager") == 0 and set(timed[6:9]) == {"torch-eager"}
@@ -244,7 +233,7 @@ def test_a_variant_plans_timeline_files_have_portable_names(tmp_path):
 
     model = get_model("clip")
     graph = model.graph("tiny")
-    plans = {"megatron@bucket_view=true": _plans(graph)["megatron"]}
+    plans = {"megatron@bucket_view=true": bench_plans(graph)["megatron"]}
     config = BenchConfig(rounds=1, steps_per_round=1, warmup_steps=0, nvml_seconds=0,
                          user_programs=())
     engines = {"megatron@bucket_view=true": replace(config.engine, bucket_view=True)}
@@ -259,7 +248,7 @@ def test_torch_trace_writes_each_contenders_timed_steps_under_its_portable_name(
 
     model = get_model("clip")
     graph = model.graph("tiny")
-    plans = {"megatron@bucket_view=true": _plans(graph)["megatron"]}
+    plans = {"megatron@bucket_view=true": bench_plans(graph)["megatron"]}
     config = BenchConfig(rounds=1, steps_per_round=1, warmup_steps=0, nvml_seconds=0,
                          user_programs=("torch-eager",), torch_trace_dir=str(tmp_path))
     engines = {"megatron@bucket_view=true": replace(config.engine, bucket_view=True)}
@@ -281,7 +270,7 @@ def test_a_plan_under_another_engine_is_measured_apart_from_itself():
 
     model = get_model("clip")
     graph = model.graph("tiny")
-    plans = _plans(graph)
+    plans = bench_plans(graph)
     plans["megatron@bucket_view=true"] = plans["megatron"]
     config = BenchConfig(rounds=1, steps_per_round=1, warmup_steps=0, nvml_seconds=0,
                          user_programs=())
@@ -356,23 +345,7 @@ def test_a_plan_that_drops_a_modules_gradients_is_refused(monkeypatch):
     config = BenchConfig(rounds=1, steps_per_round=1, warmup_steps=0, nvml_seconds=0,
                          user_programs=("torch-eager",))
     with pytest.raises(BenchError, match="'mosaic'.*gradient of module 'text'"):
-        measure_plans(model, "tiny", graph, _plans(graph), H200, config)
-
-
-def _drop_text_grads_of_mosaic(monkeypatch) -> None:
-    """Break mosaic's plan: its steps leave the text encoder without gradients."""
-    from mosaic.engine.runner import PlanRunner
-
-    real_step = PlanRunner.step
-
-    def drop_text_grads(self, data, **kwargs):
-        out = real_step(self, data, **kwargs)
-        if self.plan.planner == "mosaic":
-            for p in self.modules["text"].parameters():
-                p.grad = None
-        return out
-
-    monkeypatch.setattr(PlanRunner, "step", drop_text_grads)
+        measure_plans(model, "tiny", graph, bench_plans(graph), H200, config)
 
 
 def test_a_broken_plan_measured_in_a_later_group_is_refused_against_the_first_groups_reference(
@@ -381,8 +354,8 @@ def test_a_broken_plan_measured_in_a_later_group_is_refused_against_the_first_gr
     against the first group's reference, kept on the host."""
     model = get_model("clip")
     graph = model.graph("tiny")
-    _drop_text_grads_of_mosaic(monkeypatch)
-    plans = _plans(graph)
+    drop_text_grads_of_mosaic(monkeypatch)
+    plans = bench_plans(graph)
     for user_programs in (("torch-eager",), ()):  # the reference: torch-eager, else megatron
         config = BenchConfig(rounds=1, steps_per_round=1, warmup_steps=0, nvml_seconds=0,
                              user_programs=user_programs, plans_at_once=1)
@@ -502,9 +475,9 @@ def test_running_out_of_gpu_memory_names_the_phase_and_the_fix(monkeypatch):
     with pytest.raises(BenchError, match=r"out of GPU memory \(it tried to allocate 13.04 GiB\) "
                                          r"after 'gradients checked.*2 plan\(s\).*--planners "
                                          r"mosaic") as caught:
-        measure_plans(model, "tiny", graph, _plans(graph), H200, config)
+        measure_plans(model, "tiny", graph, bench_plans(graph), H200, config)
     assert isinstance(caught.value.__cause__, torch.OutOfMemoryError)
-    alone = {"megatron": _plans(graph)["megatron"]}
+    alone = {"megatron": bench_plans(graph)["megatron"]}
     with pytest.raises(BenchError, match=r"1 plan\(s\).*measured alone already: a smaller "
                                          r"--batch, or --accumulation N") as caught:
         measure_plans(model, "tiny", graph, alone, H200, config)
@@ -530,7 +503,7 @@ def overlapped_against_one_optimizer(device: str, graphs: bool, steps: int = 3,
 
     model = get_model("imagebind")
     graph = model.graph("tiny")
-    plan = _plans(graph)[planner]
+    plan = bench_plans(graph)[planner]
     d = start_distributed(device)
     states, ready = {}, {}
     try:
@@ -581,8 +554,8 @@ def test_optimizer_overlap_is_a_variant_of_every_plan_and_refused_by_the_trainer
     graph = get_model("clip").graph("tiny")
     settings = parse_variant("optimizer_overlap=true")
     assert settings == {"optimizer_overlap": True}
-    assert variant_applies(_plans(graph)["megatron"], settings)  # one GPU: no gradient sync
-    plans = _plans(graph)
+    assert variant_applies(bench_plans(graph)["megatron"], settings)  # one GPU: no gradient sync
+    plans = bench_plans(graph)
     plans["mosaic@optimizer_overlap=true"] = plans["mosaic"]
     config = BenchConfig(rounds=1, steps_per_round=1, warmup_steps=0, nvml_seconds=0,
                          user_programs=())
@@ -628,7 +601,7 @@ def test_a_bench_stopped_by_sigterm_keeps_the_groups_it_measured(monkeypatch):
                          user_programs=("torch-eager",), plans_at_once=1)
     before = signal.getsignal(signal.SIGTERM)
     with pytest.raises(measure.BenchInterrupted, match="SIGTERM") as caught:
-        measure_plans(model, "tiny", graph, _plans(graph), H200, config)
+        measure_plans(model, "tiny", graph, bench_plans(graph), H200, config)
     stop = caught.value
     assert [m.label for m in stop.measurements] == ["megatron", "torch-eager"]
     assert stop.phase.startswith("group 2 of 2 (mosaic): gradients checked")
@@ -654,7 +627,7 @@ def test_a_bench_stopped_after_its_timed_rounds_keeps_their_times(monkeypatch):
     config = BenchConfig(rounds=2, steps_per_round=1, warmup_steps=0, nvml_seconds=0,
                          user_programs=("torch-eager",))
     with pytest.raises(measure.BenchInterrupted) as caught:
-        measure_plans(model, "tiny", graph, _plans(graph), H200, config)
+        measure_plans(model, "tiny", graph, bench_plans(graph), H200, config)
     stop = caught.value
     assert stop.phase == "2 timed round(s) done"
     assert {m.label for m in stop.measurements} == {"megatron", "mosaic", "torch-eager"}
@@ -743,7 +716,7 @@ def test_a_refused_bench_writes_the_groups_before_and_every_difference(tmp_path,
     from a defect)."""
     from mosaic.cli import main
 
-    _drop_text_grads_of_mosaic(monkeypatch)
+    drop_text_grads_of_mosaic(monkeypatch)
     out = tmp_path / "run"
     with pytest.raises(SystemExit) as code:
         main(["bench", "clip", "--preset", "tiny", "--planners", "megatron,mosaic",

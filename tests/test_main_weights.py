@@ -239,11 +239,11 @@ def test_bf16_weights_is_a_variant_of_every_plan_refused_without_autocast_or_ada
     from mosaic.engine.trainer import TrainConfig, TrainError, train
     from mosaic.hardware import H200
     from mosaic.zoo import get_model
-    from tests.test_bench import _plans
+    from tests.helpers import bench_plans
 
     model = get_model("clip")
     graph = model.graph("tiny")
-    plans = _plans(graph)
+    plans = bench_plans(graph)
     with pytest.raises(BenchError, match="set bf16_weights=True too"):
         engine_variant(EngineConfig(amp=True), parse_variant("bf16_flat_grads=false"))
     per_weight = parse_variant("bf16_weights=true,bf16_flat_grads=false")
@@ -278,7 +278,7 @@ def test_a_group_of_bf16_copies_alone_builds_no_shared_fp32_modules(monkeypatch)
     from mosaic.engine.session import EngineConfig
     from mosaic.hardware import H200
     from mosaic.zoo import get_model
-    from tests.test_bench import _plans
+    from tests.helpers import bench_plans
 
     built = []
     real_build = measure.build_modules
@@ -290,7 +290,7 @@ def test_a_group_of_bf16_copies_alone_builds_no_shared_fp32_modules(monkeypatch)
     monkeypatch.setattr(measure, "build_modules", build_modules)
     model = get_model("clip")
     graph = model.graph("tiny")
-    plan = _plans(graph)["megatron"]
+    plan = bench_plans(graph)["megatron"]
     config = BenchConfig(rounds=1, steps_per_round=1, warmup_steps=0, nvml_seconds=0,
                          user_programs=(), engine=EngineConfig(amp=True), plans_at_once=1)
     engines = {"megatron@bf16_weights=true": replace(config.engine, bf16_weights=True)}
@@ -663,12 +663,12 @@ def test_plans_of_a_bf16_bench_share_one_bf16_copy_and_one_main_weights_optimize
     from mosaic.engine.session import EngineConfig
     from mosaic.hardware import H200
     from mosaic.zoo import get_model
-    from tests.test_bench import _plans
+    from tests.helpers import bench_plans
 
     monkeypatch.setattr(main_weights, "MIN_ELEMENTS", 1)  # `tiny` weights are all small
     model = get_model("clip")
     graph = model.graph("tiny")
-    plans = _plans(graph)
+    plans = bench_plans(graph)
     plans["mosaic@bf16_weights=false"] = plans["mosaic"]
     config = BenchConfig(rounds=1, steps_per_round=1, warmup_steps=0, nvml_seconds=0,
                          user_programs=(), engine=EngineConfig(amp=True, bf16_weights=True))

@@ -15,7 +15,7 @@ from mosaic.engine.gate_slot import GateSlot
 from mosaic.engine.update_gates import UpdateGates
 from mosaic.hardware import H200
 from mosaic.zoo import get_model
-from tests.test_bench import _plans
+from tests.helpers import bench_plans
 
 
 def _imagebind_tiny():
@@ -88,7 +88,7 @@ def gated_against_plain(device: str, graphs: bool, steps: int = 3, defer: bool =
 
     model = get_model(model_name)
     graph = model.graph(preset)
-    plan = _plans(graph)[planner] if "align" in graph.names else _one_by_one(graph)
+    plan = bench_plans(graph)[planner] if "align" in graph.names else _one_by_one(graph)
     d = start_distributed(device)
     states, deferred = {}, 0
     try:
@@ -181,8 +181,8 @@ def test_update_under_forward_is_a_bench_variant_and_refused_by_the_trainer():
     graph = get_model("clip").graph("tiny")
     settings = parse_variant("bf16_weights=true,update_under_forward=true")
     assert settings == {"bf16_weights": True, "update_under_forward": True}
-    assert variant_applies(_plans(graph)["megatron"], settings)
-    plans = _plans(graph)
+    assert variant_applies(bench_plans(graph)["megatron"], settings)
+    plans = bench_plans(graph)
     label = "mosaic@bf16_weights=true,update_under_forward=true"
     plans[label] = plans["mosaic"]
     config = BenchConfig(rounds=1, steps_per_round=2, warmup_steps=0, nvml_seconds=0,
@@ -314,7 +314,7 @@ def test_gradients_stay_put_only_where_no_forward_graph_reuses_them(mode, outliv
     d = start_distributed("cpu")
     try:
         modules = build_modules(model, "tiny", graph.names, 0, d.device)
-        session = RankSession.create(_plans(graph)["megatron"], graph, modules, d, H200,
+        session = RankSession.create(bench_plans(graph)["megatron"], graph, modules, d, H200,
                                      EngineConfig())
         runner = session.runner
         runner.graphed = True  # as after capture on a GPU

@@ -15,10 +15,11 @@ import math
 import pytest
 import torch
 
-from mosaic.engine.measure import BenchConfig, measure_plans
+from mosaic.engine.measure import BenchConfig, GradientsDiffer, measure_plans
 from mosaic.engine.session import EngineConfig
 from mosaic.hardware import H200
 from mosaic.zoo import get_model
+from tests.helpers import bench_plans, drop_text_grads_of_mosaic
 from tests.test_engine import one_gpu_plans
 
 pytestmark = pytest.mark.gpu
@@ -51,3 +52,25 @@ def test_graphed_plans_survive_the_reduce_overhead_user_program():
     assert pools["temporal"] > 0 and pools["partition"] > 0 and pools["torch-eager"] is None
     assert checks["peak_memory_bytes"][0] >= max(held["temporal"], held["partition"])
     torch.cuda.synchronize()  # a fault in the last steps surfaces here
+
+
+def test_a_plan_that_drops_a_modules_gradients_is_refused_on_the_gpu(monkeypatch):
+    """Deliberately broken: mosaic's compiled, graphed plan leaves its text encoder without
+    gradients. Its loss is the same; the gradient check, with its tolerance measured from
+    the user's compiled program against the eager one, refuses it and passes megatron's."""
+    drop_text_grads_of_mosaic(monkeypatch)
+    model = get_model("clip")
+    graph = model.graph("small", global_batch=32)
+    config = BenchConfig(rounds=1, steps_per_round=2, warmup_steps=2, nvml_seconds=0,
+                         engine=EngineConfig(graphs=True, compile="default"),
+                         user_programs=("torch-eager", "torch-compile"))
+    with pytest.raises(GradientsDiffer) as refused:
+        measure_plans(model, "small", graph, bench_plans(graph), H200, config)
+    checks = refused.value.checks["gradients"]
+    differences = checks["differences"]
+    print(refused.value, {k: checks[k] for k in ("noise_floor", "tolerance")})
+    assert (refused.value.label, refused.value.module) == ("mosaic", "text")
+    assert refused.value.difference == pytest.approx(1.0)
+    assert checks["noise_floor"] > 0 and checks["tolerance"] < 0.2
+    assert max(differences["megatron"].values()) <= checks["tolerance"]
+    assert max(differences["torch-compile"].values()) <= checks["tolerance"]
