@@ -108,7 +108,7 @@ def test_the_flags_ask_for_it_only_where_it_applies():
     from mosaic.engine.trainer import TrainConfig, TrainError
     from mosaic.perf.engine_term import bf16_family, engine_kind
     from mosaic.zoo import get_model
-    from tests.test_bench import _plans
+    from tests.helpers import bench_plans
 
     params = [torch.nn.Parameter(torch.zeros(4, 4).bfloat16())]
     assert isinstance(bf16_optimizer(params, 1e-3, moments="bf16", fp32_main_weights=False,
@@ -121,7 +121,7 @@ def test_the_flags_ask_for_it_only_where_it_applies():
                      fp8_first_moment=True)
     with pytest.raises(SessionError, match="choose one"):
         EngineConfig(**LEAN, fp8_first_moment=True, update_group=4)
-    plan = _plans(get_model("clip").graph("tiny"))["mosaic"]
+    plan = bench_plans(get_model("clip").graph("tiny"))["mosaic"]
     with pytest.raises(TrainError, match="fp8_first_moment is measured by `mosaic bench"):
         TrainConfig(model="clip", preset="tiny", plan=plan,
                     engine=EngineConfig(**LEAN, fp8_first_moment=True))
