@@ -14,7 +14,7 @@ scaling-sim[:DIR], variants:DIR, targets-1gpu, profile-recipe[:DB],
 step-fit:FILE,FILE[,...], kernel-time:FILE[,...], train-in-flight:DIR, train-summaries:DIR,
 guard-host-cost:FILE, autotune-choices:FILE, gate-misses[:DIR], main-weights-profile:DB,
 checkpoint-background:DIR, busy-fractions:FILE, memory-peaks:DIR[,DIR...],
-moments-digits:FILE, moments-drift:FILE, update-bits:FILE[,...].
+moments-digits:FILE, moments-drift:FILE, update-bits:FILE[,...], update-streams:FILE[,...].
 """
 
 from __future__ import annotations
@@ -1253,16 +1253,21 @@ def moments_drift(results: Path, arg: str | None) -> str:
                  rows)
 
 
+def _json_files(results: Path, arg: str | None, renderer: str, script: str) -> list[Path]:
+    """The comma-separated files of a renderer's argument, each under results/."""
+    paths = [results / name for name in (arg or "").split(",") if name]
+    if not paths or not all(p.is_file() for p in paths):
+        raise RenderError(f"{renderer} needs {script}'s JSON files under results/")
+    return paths
+
+
 @renderer("update-bits")
 def update_bits(results: Path, arg: str | None) -> str:
     """benchmarks/rounded_update_bits.py's JSON files (comma-separated, under results/): per
     run and update, GPU time, bytes moved over it, and the kernels Inductor generated for it
     (where the run counted them)."""
-    paths = [results / name for name in (arg or "").split(",") if name]
-    if not paths or not all(p.is_file() for p in paths):
-        raise RenderError("update-bits needs rounded_update_bits.py's JSON files under results/")
     rows = []
-    for path in paths:
+    for path in _json_files(results, arg, "update-bits", "rounded_update_bits.py"):
         run = load(path)
         rows += [[str(path.relative_to(results)), f"2^{run['numel'].bit_length() - 1}", name,
                   f"{row['gpu_ms']:.3f}", str(row["bytes_per_param"]), f"{row['tb_per_s']:.2f}",
@@ -1270,6 +1275,23 @@ def update_bits(results: Path, arg: str | None) -> str:
                  for name, row in run["rows"].items()]
     return table(["file", "parameters", "update", "GPU time, ms", "bytes a parameter",
                   "TB/s", "kernels generated"], rows)
+
+
+@renderer("update-streams")
+def update_streams(results: Path, arg: str | None) -> str:
+    """benchmarks/update_streams.py's JSON files (comma-separated, under results/): per run,
+    one module's update a weight at a time over N streams or grouped, beside one flat launch:
+    GPU time and the flat launch's over it."""
+    rows = []
+    for path in _json_files(results, arg, "update-streams", "update_streams.py"):
+        run = load(path)
+        flat = run["rows"].get("flat, one launch", {}).get("gpu_ms")
+        rows += [[str(path.relative_to(results)), f"{run['model']} `{run['preset']}` "
+                  f"{run['module']}", f"{run['weights']} ({run['parameters'] / 1e9:.2f} B)", name,
+                  f"{row['gpu_ms']:.3f}", f"{flat / row['gpu_ms']:.3f}x" if flat else "–"]
+                 for name, row in run["rows"].items()]
+    return table(["file", "module", "weights (parameters)", "update", "GPU time, ms",
+                  "vs the flat launch"], rows)
 
 
 # --- checkpoint saves written before the next step or in the background ------------------------

@@ -296,6 +296,20 @@ def test_update_bits_lists_each_runs_updates_with_their_bandwidth(tmp_path):
         render.update_bits(tmp_path, "a/missing.json")
 
 
+def test_update_streams_sets_each_update_beside_the_flat_launch(tmp_path):
+    rows = {"a weight at a time, 1 stream(s)": {"gpu_ms": 14.0, "captured": True},
+            "flat, one launch": {"gpu_ms": 12.6, "captured": True}}
+    (tmp_path / "s.json").write_text(json.dumps({
+        "model": "unified-io-2", "preset": "paper", "module": "llm", "weights": 339,
+        "parameters": 3_500_000_000, "rows": rows}))
+    lines = render.update_streams(tmp_path, "s.json").splitlines()
+    assert lines[2] == ("| s.json | unified-io-2 `paper` llm | 339 (3.50 B) | a weight at a time, "
+                        "1 stream(s) | 14.000 | 0.900x |")
+    assert lines[3].endswith("| flat, one launch | 12.600 | 1.000x |")
+    with pytest.raises(render.RenderError, match="update-streams needs update_streams.py's"):
+        render.update_streams(tmp_path, "missing.json")
+
+
 def test_memory_peaks_sets_the_memory_model_beside_the_trained_peaks(tmp_path):
     """One row per model, preset, batch and weights of the one-GPU GPU runs: the highest
     peak; CPU runs, runs on several GPUs and accumulated runs are left out."""

@@ -104,13 +104,16 @@ class EngineConfig:
     update_group: int = 1
     """With bf16 weights updated a weight at a time and no fp32 main weights: same-shaped
     weights updated this many at a time in one compiled launch (engine/grouped_update.py;
-    Inductor's combo kernels); 1: a launch a weight. No `mosaic train` flag until measured on
-    the GPU (`mosaic bench --engine-variant ...,update_group=8`)."""
+    Inductor's combo kernels); 1: a launch a weight. Measured slower on the H200 (Unified-IO 2
+    `paper` b4, 2026-12-05: the LLM's update 15.90 ms grouped by 8 against 13.97, the step
+    62.57 against 61.04 ms), so it stays a bench variant without a `mosaic train` flag."""
     fp8_first_moment: bool = False
     """With bf16 weights and moments updated a weight at a time without main weights: AdamW's
     first moment in float8 e4m3 with a scale per 256 elements, the second in bf16
-    (engine/fp8_first_moment.py): 12 bytes a parameter moved instead of 14. `mosaic bench`
-    only (`--engine-variant ...,fp8_first_moment=true`), until measured on the GPU."""
+    (engine/fp8_first_moment.py): 12 bytes a parameter moved instead of 14, but in three
+    kernels (the block scales need a reduction first) at 1.49 TB/s against one at 3.62:
+    Unified-IO 2 `paper` b4 stepped 78.62 ms against 61.04 on the H200 (2026-12-05), so it
+    stays a bench variant (`--engine-variant ...,fp8_first_moment=true`)."""
     grads_in_graph: bool = True
     """With graphs: each backward graph accumulates its module's parameter gradients itself
     (no per-parameter host work; engine/graphed.py), except where DDP synchronises them."""
