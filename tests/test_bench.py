@@ -328,20 +328,9 @@ def test_bench_runs_multi_gpu_plans_under_torchrun(tmp_path):
 def test_a_plan_that_drops_a_modules_gradients_is_refused(monkeypatch):
     """The gradient check catches what the loss check cannot: a plan whose text encoder never
     receives its gradient still computes the same loss."""
-    from mosaic.engine.runner import PlanRunner
-
+    drop_text_grads_of_mosaic(monkeypatch)
     model = get_model("clip")
     graph = model.graph("tiny")
-    real_step = PlanRunner.step
-
-    def drop_text_grads(self, data, **kwargs):
-        out = real_step(self, data, **kwargs)
-        if self.plan.planner == "mosaic" and "text" in self.modules:
-            for p in self.modules["text"].parameters():
-                p.grad = None
-        return out
-
-    monkeypatch.setattr(PlanRunner, "step", drop_text_grads)
     config = BenchConfig(rounds=1, steps_per_round=1, warmup_steps=0, nvml_seconds=0,
                          user_programs=("torch-eager",))
     with pytest.raises(BenchError, match="'mosaic'.*gradient of module 'text'"):
