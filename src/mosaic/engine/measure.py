@@ -749,23 +749,23 @@ def _module_norm_and_distance(ref: torch.Tensor, params: list[nn.Parameter],
     start = 0
     for p in params:
         part = ref[start:start + p.numel()]
-        grad = (full_tensor(p.grad).detach().reshape(-1) if p.grad is not None
-                else torch.zeros(p.numel(), device=device))
-        _add_squares(squares, part, grad)
+        grad = full_tensor(p.grad).detach().reshape(-1) if p.grad is not None else None
+        _add_squares(squares, part, grad, device)
         start += p.numel()
     norm, diff = squares.sqrt().tolist()
     return norm, diff
 
 
-def _add_squares(squares: torch.Tensor, ref: torch.Tensor, grad: torch.Tensor) -> None:
-    """Adds ||ref||^2 and ||grad - ref||^2 to `squares`, the reference moved to grad's device
-    a chunk at a time (a later plan group's reference lives on the host: a copy of it whole
-    on the GPU would sit beside the plan's own states)."""
+def _add_squares(squares: torch.Tensor, ref: torch.Tensor, grad: torch.Tensor | None,
+                 device: torch.device) -> None:
+    """Adds ||ref||^2 and ||grad - ref||^2 to `squares` (no gradient: zeros), the reference
+    moved to `device` a chunk at a time (a later plan group's reference lives on the host: a
+    copy of it whole on the GPU would sit beside the plan's own states)."""
     for start in range(0, ref.numel(), COMPARE_CHUNK):
-        part = ref[start:start + COMPARE_CHUNK].to(grad.device)
-        mine = grad[start:start + COMPARE_CHUNK].float()
-        squares[0] += part.double().square().sum()
-        squares[1] += (mine - part).double().square().sum()
+        part = ref[start:start + COMPARE_CHUNK].to(device).double()
+        squares[0] += part.square().sum()
+        difference = part if grad is None else grad[start:start + COMPARE_CHUNK].double() - part
+        squares[1] += difference.square().sum()
 
 
 def _check_gradients(s: _Setup, names: list[str], stored: _Reference | None = None,
