@@ -109,6 +109,10 @@ def _worker(rank: int, world: int, ports: tuple[int, int], cases: dict, out_dir:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(ports[0]), RANK=str(rank),
                       WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
     torch.set_num_threads(1)
+    if grad_sync == "overlapped":  # toy modules: many buckets, summed in the backward
+        from mosaic.engine import bucket_reduce
+
+        bucket_reduce.BUCKET_BYTES = 256
     for index, (name, (toy, plan)) in enumerate(cases.items()):
         if index == 1:  # the first case let the trainer start (and end) the group itself
             os.environ["MASTER_PORT"] = str(ports[1])
@@ -191,10 +195,11 @@ def test_two_processes_equal_one(tmp_path, references):
         assert not (tmp_path / name / "metrics.jsonl").exists()
 
 
-@pytest.mark.parametrize("grad_sync", ["bucketed", "flat"])
+@pytest.mark.parametrize("grad_sync", ["bucketed", "flat", "overlapped"])
 def test_two_processes_with_hand_written_all_reduce_equal_one(tmp_path, references, grad_sync):
-    """The bucketed all-reduce (kept to measure DDP against) and the flat gradient buffers
-    train every 2-process plan as one process does."""
+    """The bucketed all-reduce (kept to measure DDP against), the flat gradient buffers, and
+    those buffers summed bucket by bucket during the backward (256-byte buckets here, so
+    every toy module has several) train every 2-process plan as one process does."""
     cases = cases_2()
     run_workers(2, cases, tmp_path, grad_sync=grad_sync)
     for name, (toy, plan) in cases.items():

@@ -63,14 +63,16 @@ def test_cuda_graphs_agree_with_eager(sharing):
     np.testing.assert_allclose(graphed, eager, **BF16, err_msg=sharing)
 
 
-@pytest.mark.parametrize("graphs", [False, True])
-def test_nccl_processes_equal_one_process(tmp_path, graphs):
+@pytest.mark.parametrize(("graphs", "grad_sync"),
+                         [(False, "ddp"), (True, "ddp"), (True, "flat"), (True, "overlapped")])
+def test_nccl_processes_equal_one_process(tmp_path, graphs, grad_sync):
     """The CPU multi-process cases over NCCL, float32 (autocast off) against the CPU loop;
-    with graphs, capture also runs next to live NCCL communicators."""
+    with graphs, capture also runs next to live NCCL communicators, and with 'overlapped'
+    each data-parallel module's backward graph holds its buckets' all-reduces."""
     if torch.cuda.device_count() < 2:
         pytest.skip("needs 2 GPUs")
     cases = cases_2()
-    run_workers(2, cases, tmp_path, device="cuda", graphs=graphs)
+    run_workers(2, cases, tmp_path, device="cuda", graphs=graphs, grad_sync=grad_sync)
     for name, (toy, plan) in cases.items():
         reference = reference_state(ToyModel(toy), "tiny", STEPS, LR)
         check_case(tmp_path, name, toy, plan, 2, reference, rtol=1e-3, atol=1e-4)

@@ -156,3 +156,46 @@ def test_own_gradients_outlive_the_next_forward_when_asked():
     torch.cuda.synchronize()
     for p, want in zip(module.parameters(), kept, strict=True):
         assert torch.equal(p.grad, want)
+
+
+@pytest.mark.parametrize("wire", [None, torch.bfloat16])
+def test_the_backward_graph_sums_its_buckets_inside_the_capture(wire):
+    """grad_sync='overlapped' (engine/bucket_reduce.py) on one GPU: a one-rank NCCL group, so
+    the sum is the gradient itself and the division by 2 shows that each bucket was summed
+    inside the replayed graph (two buckets here: a layer each), with the unused layer's gradients
+    left None and two replays alike."""
+    import torch.distributed as dist
+
+    from mosaic.engine.bucket_reduce import InBackwardReduce
+
+    started = not dist.is_initialized()
+    if started:
+        dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1,
+                                device_id=torch.device("cuda", torch.cuda.current_device()))
+    try:
+        dist.all_reduce(torch.ones(1, device="cuda"))  # the communicator, before the capture
+        module, x, y, grad = _data()
+        want_params, want_input = _eager_grads(module, x, y, grad)
+        flat = FlatGrads(list(module.parameters()))
+        reducer = InBackwardReduce(flat, dist.group.WORLD, divide_by=2, wire_dtype=wire,
+                                   bucket_bytes=32 * 8 * 4)
+        graphed = InGraphGradModule(module, flat.params, (x.clone().requires_grad_(), y.clone()),
+                                    torch.cuda.Stream(), "copy", flat.views, reducer=reducer)
+        flat.leave_unattached(graphed.unused)
+        assert len(reducer.buckets) == 2
+        for _ in range(2):
+            flat.attach(zero=False)
+            xs = x.clone().requires_grad_()
+            graphed(xs, y.clone()).backward(grad)
+            torch.cuda.synchronize()
+            for p, want in zip(module.parameters(), want_params, strict=True):
+                if want is None:
+                    assert p.grad is None
+                elif wire is None:
+                    torch.testing.assert_close(p.grad, want / 2)
+                else:
+                    torch.testing.assert_close(p.grad, (want / 2).bfloat16().float())
+            torch.testing.assert_close(xs.grad, want_input)
+    finally:
+        if started:
+            dist.destroy_process_group()

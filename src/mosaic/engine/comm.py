@@ -398,9 +398,12 @@ class FlatGrads:
                         for dtype, n in sizes.items()}
         offsets = dict.fromkeys(sizes, 0)
         self.views = []
+        self.offsets: list[int] = []
+        """Where each parameter's view starts in its dtype's buffer (elements)."""
         for p in self.params:
             start = offsets[p.dtype]
             self.views.append(self.buffers[p.dtype][start:start + p.numel()].view_as(p))
+            self.offsets.append(start)
             offsets[p.dtype] = start + p.numel()
         self.attached = list(zip(self.params, self.views, strict=True))
 
@@ -433,17 +436,24 @@ class FlatGrads:
             elif grad.data_ptr() != view.data_ptr():
                 view.copy_(grad)
             p.grad = view
-        works: list[Any] = []
-        for buffer in self.buffers.values():
-            if divide_by != 1:
-                buffer.div_(divide_by)  # sum of the shares = share of the sum
-            if wire_dtype is None or wire_dtype == buffer.dtype:
-                works.append(dist.all_reduce(buffer, group=group, async_op=True))
-                continue
-            wire = buffer.to(wire_dtype)
-            works.append(_WrittenBack(dist.all_reduce(wire, group=group, async_op=True),
-                                      wire, buffer))
-        return works
+        return [sum_piece(buffer, group, divide_by, wire_dtype) for buffer in self.buffers.values()]
+
+
+def sum_piece(piece: torch.Tensor, group: object, divide_by: int = 1,
+              wire_dtype: torch.dtype | None = None, async_op: bool = True) -> Any:
+    """SUM-all-reduce `piece` (a flat buffer or a slice of one) in place over `group`, divided
+    first (sum of the shares = share of the sum), travelling in `wire_dtype` (default: its
+    own). Async: the handle, whose wait() also writes a cast sum back; else None."""
+    if divide_by != 1:
+        piece.div_(divide_by)
+    if wire_dtype is None or wire_dtype == piece.dtype:
+        return dist.all_reduce(piece, group=group, async_op=async_op)
+    wire = piece.to(wire_dtype)
+    work = dist.all_reduce(wire, group=group, async_op=async_op)
+    if async_op:
+        return _WrittenBack(work, wire, piece)
+    piece.copy_(wire)
+    return None
 
 
 class _WrittenBack:

@@ -12,7 +12,9 @@ touches them; the backward graph itself leaves each gradient in one of three pla
   `attach()` points `.grad` at. No kernel beyond the backward's: what make_graphed_callables
   costs on the GPU. For modules that no collective reads as one buffer.
 - "copy": one fused copy (`torch._foreach_copy_`) into views of a flat buffer
-  (comm.FlatGrads), so a data-parallel module's gradients are all-reduced in one call.
+  (comm.FlatGrads), so a data-parallel module's gradients are all-reduced in one call; or,
+  with a `reducer` (bucket_reduce.py), a copy per bucket as its gradients are produced, each
+  bucket all-reduced inside the graph while the rest of the backward runs.
 - "add": the same with `torch._foreach_add_`, for several backwards per optimizer step
   (gradient accumulation, micro-batches); the owner zeroes the buffer between steps.
 
@@ -29,11 +31,15 @@ inside the graph instead (one add kernel per parameter tensor) cost 1.2 ms per s
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
+
+if TYPE_CHECKING:
+    from mosaic.engine.bucket_reduce import InBackwardReduce
 
 WARMUP_ITERATIONS = 2
 """Eager fwd+bwd runs before capture (cuBLAS handles, lazy initialisation)."""
@@ -46,17 +52,23 @@ class InGraphGradModule:
     in the order of `params`. Parameters the warm-up leaves without a gradient are `unused`:
     their `.grad` stays None (the optimizer skips them, as it would eagerly).
     `grads_outlive_forward`: the backward graph gets a memory pool apart from the forward's,
-    so the gradients it leaves survive the next forward replay (module doc)."""
+    so the gradients it leaves survive the next forward replay (module doc). `reducer` ("copy"
+    only): the backward graph also all-reduces the flat buffer, bucket by bucket as the
+    gradients are produced (bucket_reduce.py)."""
 
     def __init__(self, fn: Any, params: Sequence[nn.Parameter], samples: Sequence[torch.Tensor],
                  stream: torch.cuda.Stream, mode: str = "own",
                  views: Sequence[torch.Tensor] | None = None, *,
-                 grads_outlive_forward: bool = False) -> None:
+                 grads_outlive_forward: bool = False,
+                 reducer: InBackwardReduce | None = None) -> None:
         if mode not in MODES:
             raise ValueError(f"mode={mode!r}; use one of {MODES}")
         if (views is None) != (mode == "own"):
             raise ValueError(f"mode={mode!r} {'takes no' if mode == 'own' else 'needs'} views")
-        self.fn, self.mode = fn, mode
+        if reducer is not None and mode != "copy":
+            raise ValueError(f"mode={mode!r}: a backward graph sums its gradients only where it "
+                             "copies them whole each step ('copy')")
+        self.fn, self.mode, self.reducer = fn, mode, reducer
         self.grads_outlive_forward = grads_outlive_forward or mode != "own"
         """Whether the gradients stay intact through the next forward replay ("copy" and
         "add" keep them in buffers outside the graphs)."""
@@ -92,11 +104,14 @@ class InGraphGradModule:
     def _capture_backward(self, out: torch.Tensor) -> None:
         wants = [i for i, x in enumerate(self.static_inputs) if x.requires_grad]
         wrt = [self.static_inputs[i] for i in wants] + self.used
-        grads = torch.autograd.grad(out, wrt, self.static_grad_output, allow_unused=True)
+        summing = (self.reducer.captured(self.used) if self.reducer is not None
+                   else contextlib.nullcontext())
+        with summing:
+            grads = torch.autograd.grad(out, wrt, self.static_grad_output, allow_unused=True)
         for i, g in zip(wants, grads, strict=False):
             self.static_input_grads[i] = g
         self.param_grads = list(grads[len(wants):])
-        if self.mode == "own":
+        if self.mode == "own" or self.reducer is not None:  # the reducer copied them in
             return
         pairs = [(v, g) for v, g in zip(self.views, self.param_grads, strict=True) if g is not None]
         if pairs:

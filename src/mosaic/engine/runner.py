@@ -42,6 +42,7 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from mosaic.engine.bucket_reduce import InBackwardReduce
 from mosaic.engine.comm import FlatGrads, Key, PlanComm, routes_for, sample_range
 from mosaic.engine.compile import blockwise_view, repeated_block_lists
 from mosaic.engine.ddp import wrap_ddp
@@ -60,7 +61,7 @@ class EngineError(MosaicError):
     """A plan, model or setting the runner cannot execute; the message says the fix."""
 
 
-GRAD_SYNC = ("ddp", "bucketed", "flat")
+GRAD_SYNC = ("ddp", "bucketed", "flat", "overlapped")
 REDUCE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
@@ -76,8 +77,10 @@ class RunnerConfig:
     """How a data-parallel module's gradients are summed: 'flat' (gradients live in one buffer
     per module, all-reduced whole after its stage's backward; comm.FlatGrads; the fastest
     measured, docs/engine.md), 'ddp' (DistributedDataParallel on the module's process group,
-    buckets all-reduced as gradients are ready) or 'bucketed' (flat 100 MB all-reduces after
-    the module's backward; kept to measure against)."""
+    buckets all-reduced as gradients are ready), 'overlapped' (the flat buffer all-reduced
+    bucket by bucket during the module's backward, inside its backward CUDA graph when
+    graphed; bucket_reduce.py; not yet measured on two GPUs) or 'bucketed' (flat 100 MB
+    all-reduces after the module's backward; kept to measure against)."""
     reduce_dtype: str = "fp32"
     """'bf16' all-reduces gradients in bf16 (half the bytes; as Megatron and FSDP offer)."""
     bucket_view: bool = False
@@ -112,6 +115,10 @@ class GradientHome:
     graph_mode: str | None
     """graphed.py's mode when the backward graph leaves them itself; None: autograd's
     AccumulateGrad does (eager modules, DDP's, or grads_in_graph off)."""
+    reduce_in_backward: bool = False
+    """The flat all-reduce runs bucket by bucket during the module's backward
+    (grad_sync='overlapped'; bucket_reduce.py): inside the backward graph ("copy"), or from
+    AccumulateGrad's hooks (eager). Not where backwards accumulate: the sum waits for the last."""
 
 
 def gradient_home(config: RunnerConfig, *, plain: bool, data_parallel: bool,
@@ -124,12 +131,14 @@ def gradient_home(config: RunnerConfig, *, plain: bool, data_parallel: bool,
     -> 3.65 ms, copies +0.92) but not clearly on Unified-IO 2 `paper`, whose 3.7 B parameters
     sit in large weights (copies +4.1 ms a step): config.bf16_flat_grads=False keeps each
     gradient where the backward left it, and the optimizer goes a weight at a time."""
-    flat_sync = plain and data_parallel and config.grad_sync == "flat"
+    flat_sync = plain and data_parallel and config.grad_sync in ("flat", "overlapped")
     synced_by_ddp = data_parallel and config.grad_sync == "ddp"  # DDP hooks AccumulateGrad
     in_graph = plain and config.graphs and config.grads_in_graph and not synced_by_ddp
     flat = flat_sync or (in_graph and (accumulating or (bf16_weights and config.bf16_flat_grads)))
     mode = None if not in_graph else "add" if accumulating else "copy" if flat else "own"
-    return GradientHome(flat=flat, flat_sync=flat_sync, graph_mode=mode)
+    in_backward = flat_sync and config.grad_sync == "overlapped" and not accumulating
+    return GradientHome(flat=flat, flat_sync=flat_sync, graph_mode=mode,
+                        reduce_in_backward=in_backward)
 
 
 def _shard_pieces(tensor: torch.Tensor) -> int:
@@ -271,6 +280,8 @@ class PlanRunner:
         self._in_graph: dict[str, list[InGraphGradModule]] = {}
         """Modules whose backward graphs leave the gradients (one per micro-batch)."""
         self._param_lists: dict[str, list[nn.Parameter]] = {}
+        self._in_backward: dict[str, InBackwardReduce] = {}
+        """Modules whose flat buffer is summed during their backward (grad_sync='overlapped')."""
         self._reducing: list[Any] = []
         """Their all-reduces in flight, waited for at the end of the step."""
         self._ddp_pending = self.config.grad_sync == "ddp"
@@ -450,6 +461,10 @@ class PlanRunner:
         (gradients accumulate locally and are all-reduced once)."""
         if self.micro_batches > 1:
             return self._pipelined_step(data, fraction)
+        if not sync and self.graphed and any(h.reduce_in_backward for h in self._homes.values()):
+            raise EngineError("step(sync=False) on graphs that sum their gradients inside the "
+                              "backward (grad_sync='overlapped'): set RunnerConfig.accumulates "
+                              "for gradient accumulation")
         st = _StepState(fraction=fraction, sync=sync)
         out = StepOutput(loss=torch.zeros((), device=self.device), start=self.timer.mark(self._main))
         with self._on(self._main), self._no_sync(sync):
@@ -555,6 +570,7 @@ class PlanRunner:
 
     def _backward_stage(self, t: int, st: _StepState, out: StepOutput, join: bool = True) -> None:
         ready = self._record(self._main)
+        summing = self._start_sums_in_backward(t, st)
         for m in reversed(self.stage_modules[t]):
             stream = self._streams[m]
             with self._on(stream):
@@ -578,6 +594,9 @@ class PlanRunner:
                 continue  # DDP reduced them during backward
             placement = self.plan.placement(m)
             divide_by = placement.dp_degree if self.global_batch[m] else 1
+            if self._homes[m].reduce_in_backward:  # graphed: the backward graph summed them
+                self._reducing += summing[m].finish() if m in summing else []
+                continue
             if self._homes[m].flat_sync:  # un-waited: the next stage's backward runs meanwhile
                 self._reducing += self._flat_grads(m).reduce(
                     self.comm.group(self._grad_group(m)), divide_by, repair=m not in self._in_graph,
@@ -590,6 +609,26 @@ class PlanRunner:
             params = self._whole_params[m] if m in self.sharded else self.modules[m].parameters()
             self.comm.all_reduce_grads(list(params), group, divide_by=divide_by,
                                        wire_dtype=REDUCE_DTYPES[self.config.reduce_dtype])
+
+    def _start_sums_in_backward(self, t: int, st: _StepState) -> dict[str, InBackwardReduce]:
+        """The eager modules of stage t whose flat buffer is summed during their backward,
+        their hooks set (a graphed one's backward graph sums its own)."""
+        if not st.sync:
+            return {}
+        started = {}
+        for m in self.stage_modules[t]:
+            if self._homes[m].reduce_in_backward and m not in self._in_graph:
+                started[m] = self._in_backward_sum(m)
+                started[m].start()
+        return started
+
+    def _in_backward_sum(self, m: str) -> InBackwardReduce:
+        if m not in self._in_backward:
+            divide_by = self.plan.placement(m).dp_degree if self.global_batch[m] else 1
+            self._in_backward[m] = InBackwardReduce(
+                self._flat_grads(m), self.comm.group(self._grad_group(m)), divide_by=divide_by,
+                wire_dtype=REDUCE_DTYPES[self.config.reduce_dtype])
+        return self._in_backward[m]
 
     @property
     def grads_stay_put(self) -> bool:
@@ -717,7 +756,9 @@ class PlanRunner:
                                         grads_outlive_forward=self.gates is not None)
         else:
             flat = self._flat_grads(m)
-            graphed = InGraphGradModule(eager, flat.params, samples, stream, mode, flat.views)
+            reducer = self._in_backward_sum(m) if self._homes[m].reduce_in_backward else None
+            graphed = InGraphGradModule(eager, flat.params, samples, stream, mode, flat.views,
+                                        reducer=reducer)
             flat.leave_unattached(graphed.unused)
         self._in_graph.setdefault(m, []).append(graphed)
         return graphed

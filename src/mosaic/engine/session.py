@@ -57,7 +57,10 @@ class EngineConfig:
     amp: bool | None = None
     """bf16 autocast; None: on for CUDA, off on CPU."""
     grad_sync: str = "flat"
-    """'flat' (one gradient buffer per module, one all-reduce: fastest measured), 'ddp'
+    """'flat' (one gradient buffer per module, one all-reduce after its backward: fastest
+    measured), 'overlapped' (that buffer all-reduced bucket by bucket during the backward,
+    inside its CUDA graph: engine/bucket_reduce.py; predicted to hide most of the sum, not yet
+    measured on GPUs: `mosaic bench --engine-variant grad_sync=overlapped`), 'ddp'
     (DistributedDataParallel per module) or 'bucketed' (concatenated all-reduce after backward;
     kept to measure against)."""
     reduce_dtype: str = "fp32"
