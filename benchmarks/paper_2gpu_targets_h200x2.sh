@@ -11,11 +11,17 @@
 #     work), and a host term needs them measured again;
 #   - compiled by blocks (compile time independent of depth; the user program is compiled
 #     whole, as users do).
+#   - every plan measured again with its gradients summed inside the backward graphs
+#     (`--engine-variant grad_sync=overlapped`, forty-fourth session; VARIANT="" leaves it
+#     out): the model predicts 1.95x / 1.99x / 1.96x / 1.74x weak scaling with it, against
+#     1.64x / 1.74x / 1.69x / 1.31x with `flat` (docs/engine.md); the ratio needs a 1-GPU
+#     bench of the same model at half the global batch (the same per-GPU batch).
 # Checked on the CPU with `--preset tiny --cpu-smoke` (two gloo processes) before shipping.
 set -u
 OUT=${1:?usage: paper_2gpu_targets_h200x2.sh OUT [MODEL...]}
 shift
 MODELS=${*:-clip imagebind}
+VARIANT=${VARIANT-grad_sync=overlapped}
 mkdir -p "$OUT" /tmp/logs
 export PYTHONPATH=src NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
 declare -A LIMIT=([clip]=170 [imagebind]=230 [ofasys]=560 [unified-io-2]=480 [qwen3-vl]=470)
@@ -23,6 +29,7 @@ for m in $MODELS; do
   timeout -k 10 "${LIMIT[$m]:-300}" torchrun --standalone --nproc-per-node 2 -m mosaic bench \
     "$m" --gpus 2 --preset paper --perf-model profiled --compile-scope blocks \
     --user-programs torch-compile --rounds 4 --out "/tmp/b-$m" --json \
+    ${VARIANT:+--engine-variant "$VARIANT"} \
     > "$OUT/bench_${m}_paper_2gpu.json" 2> "/tmp/logs/bench_${m}_paper_2gpu.err"
   echo "$m paper 2gpu rc=$?"; grep "^mosaic bench" "/tmp/logs/bench_${m}_paper_2gpu.err" | tail -n 2
 done

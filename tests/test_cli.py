@@ -189,6 +189,9 @@ def test_plan_predicts_for_the_engine_train_runs_with_the_same_settings(gpus):
                               reduce_dtype="bf16", bf16_flat_grads=False)
     assert planned_engine_kind(gpus, "module", True, per_weight_update=True) == (
         predicted_engine_kind(per_weight, gpus, "cuda"))
+    overlapped = EngineConfig(graphs=True, compile="default", grad_sync="overlapped")
+    assert planned_engine_kind(gpus, grad_sync="overlapped") == (
+        predicted_engine_kind(overlapped, gpus, "cuda"))
 
 
 def test_the_compile_scopes_the_cli_offers_are_the_engines():
@@ -196,6 +199,10 @@ def test_the_compile_scopes_the_cli_offers_are_the_engines():
     from mosaic.engine.compile import COMPILE_SCOPES
 
     assert tuple(CompileScopeName) == COMPILE_SCOPES
+    from mosaic.cli import GradSyncName
+    from mosaic.engine.runner import GRAD_SYNC
+
+    assert set(GradSyncName) == set(GRAD_SYNC)
     one_line_error(mosaic("plan", "clip", "--compile-scope", "layers"), "--compile-scope")
 
 

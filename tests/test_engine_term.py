@@ -337,3 +337,17 @@ def test_a_feature_set_needs_more_runs_than_features():
     assert len(term.features) <= 2
     with pytest.raises(EngineTermError, match="too few"):
         fit_engine_term(rows, "eager", feature_sets=[("const", "stages", "params")])
+
+
+def test_an_engine_summing_in_the_backward_takes_its_flat_twins_term(db_copy):
+    """grad_sync='overlapped' replays the same graphs as 'flat' (the same host work a step):
+    without rows of its own it is predicted with the flat engine's term."""
+    flat = "graphs+compile-default+flat+grads-in-graph"
+    with ProfileDB.open(db_copy, readonly=False) as db:
+        db.conn.execute("INSERT INTO fits SELECT ?, params_json, mape, n_points, created FROM "
+                        "fits WHERE name = ?", (FIT_PREFIX + flat,
+                                                FIT_PREFIX + "graphs+compile-default+grads-in-graph"))
+        db.conn.commit()
+        twin = stored_term(db, flat)
+        overlapped = stored_term(db, flat.replace("flat", "overlapped"))
+    assert overlapped is not None and overlapped.coef == twin.coef

@@ -601,3 +601,35 @@ def test_the_shipped_db_stores_a_fit_for_every_surface_a_model_of_it_uses():
             finally:  # the zero laws must not stay cached for other tests
                 profiled._fitted.cache_clear()
     assert set(needed) <= set(stored)
+
+
+def test_gradients_summed_in_the_backward_expose_only_what_outlasts_it():
+    """grad_sync='overlapped': a data-parallel module's all-reduce A, in n buckets produced
+    evenly through its backward B, exposes max(A/n, A - B (n-1)/n) (perf/base.py); the same
+    plan summed after the backward exposes all of A, and accumulated micro-steps still do."""
+    import math
+
+    from mosaic.engine.bucket_reduce import BUCKET_BYTES
+    from mosaic.perf.base import BACKWARD_SHARE, GRAD_BYTES_PER_PARAM, IN_BACKWARD_BUCKET_BYTES
+    from mosaic.planners import plan_all
+
+    assert IN_BACKWARD_BUCKET_BYTES == BUCKET_BYTES
+    cluster = make_cluster(2, "h200")
+    graph = get_model("unified-io-2").graph("paper", global_batch=8)
+    after = ProfiledModel(cluster, engine="graphs+compile-default+flat+grads-in-graph")
+    during = ProfiledModel(cluster, engine="graphs+compile-default+overlapped+grads-in-graph")
+    assert during.sums_in_backward and not after.sums_in_backward
+    plan = plan_all(graph, cluster, after, ["megatron"])[0]
+    for stage in plan.stages:
+        for p in stage.placements:
+            module = graph.module(p.module)
+            total = after.exposed_allreduce_s(module, p, graph)
+            assert total == after.placement_allreduce_s(module, p) > 0
+            backward = BACKWARD_SHARE * during.module_time_s(module, 4, p.sm_share)
+            n = math.ceil(module.num_params * GRAD_BYTES_PER_PARAM / IN_BACKWARD_BUCKET_BYTES)
+            assert during.exposed_allreduce_s(module, p, graph) == pytest.approx(
+                max(total / n, total - backward * (n - 1) / n))
+    assert during.composed_time_s(plan, graph) < after.composed_time_s(plan, graph)
+    during.accumulating(2)
+    after.accumulating(2)
+    assert during.composed_time_s(plan, graph) == pytest.approx(after.composed_time_s(plan, graph))

@@ -74,6 +74,14 @@ CompileScopeName = StrEnum("CompileScopeName", {name: name for name in ("module"
 CompileScopeOption = Annotated[CompileScopeName, typer.Option(
     help="module: one torch.compile per module | blocks: one per repeated layer (compile time "
     "independent of depth)")]
+GradSyncName = StrEnum("GradSyncName", {name: name for name in ("flat", "overlapped", "ddp",
+                                                                 "bucketed")})
+"""engine.runner.GRAD_SYNC, named here without importing torch (`mosaic plan` does not)."""
+GradSyncOption = Annotated[GradSyncName, typer.Option(
+    help="how data-parallel gradients are summed: flat (one buffer per module, one all-reduce "
+    "after its backward; fastest measured) | overlapped (that buffer all-reduced bucket by "
+    "bucket during the backward, inside its CUDA graph; not yet measured on GPUs) | ddp (DDP per "
+    "module) | bucketed (the old bucketed all-reduce)")]
 
 
 def _check_resume(value: str | None) -> bool | str:
@@ -305,6 +313,7 @@ def plan(
                                                       "profile is shipped")] = PerfModelName.auto,
     profile_db: ProfileDbOption = None,
     compile_scope: CompileScopeOption = CompileScopeName.module,
+    grad_sync: GradSyncOption = GradSyncName.flat,
     bf16_weights: Annotated[bool, typer.Option(
         help="predict for `mosaic train --bf16-weights` (bf16 GEMM weights, fp32 main weights; "
         "its gradients summed in bf16 on several GPUs) with the flat update; a note names the "
@@ -344,7 +353,7 @@ def plan(
         return load_perf_model(str(perf_model), cluster, str(preset), profile_db,
                                engine=planned_engine_kind(gpus, str(compile_scope), bf16_weights,
                                                           per_weight, bf16_moments,
-                                                          fp32_main_weights))
+                                                          fp32_main_weights, str(grad_sync)))
 
     perf = perf_for(per_weight=per_weight_update)
     plans = plan_all(graph, cluster, perf, _planner_names(planners))
@@ -372,13 +381,14 @@ def _update_layout_notes(plans, graph, perf, perf_for, flags: str) -> list[str]:
 
 def planned_engine_kind(gpus: int, compile_scope: str = "module", bf16_weights: bool = False,
                         per_weight_update: bool = False, bf16_moments: bool = False,
-                        fp32_main_weights: bool = True) -> str:
+                        fp32_main_weights: bool = True, grad_sync: str = "flat") -> str:
     """The engine kind `mosaic plan` predicts for: the GPU engine `mosaic train` runs with
     these settings (with bf16 weights, data-parallel gradients summed in bf16, which train
     requires of them; the flat update unless `per_weight_update`)."""
     from mosaic.perf.engine_term import GPU_ENGINE, engine_kind
 
-    return engine_kind({**GPU_ENGINE, "compile_scope": compile_scope, "bf16_weights": bf16_weights,
+    return engine_kind({**GPU_ENGINE, "compile_scope": compile_scope, "grad_sync": grad_sync,
+                        "bf16_weights": bf16_weights,
                         "reduce_dtype": "bf16" if bf16_weights else GPU_ENGINE["reduce_dtype"],
                         "bf16_flat_grads": not per_weight_update,
                         "bf16_moments": bf16_moments,
@@ -540,7 +550,7 @@ def train(
     profile_db: ProfileDbOption = None,
     compile_mode: Annotated[str, typer.Option("--compile", help="Inductor per module: auto (default on a GPU, none on a CPU) | default | max-autotune-gemm | max-autotune-no-cudagraphs | none")] = "auto",
     compile_scope: CompileScopeOption = CompileScopeName.module,
-    grad_sync: Annotated[str, typer.Option(help="flat | ddp | bucketed: one flat gradient buffer per module and one all-reduce (fastest measured), DDP per module, or the old bucketed all-reduce")] = "flat",
+    grad_sync: GradSyncOption = GradSyncName.flat,
     reduce_dtype: Annotated[str, typer.Option(help="gradient all-reduce precision: fp32 | bf16")] = "fp32",
     grads_in_graph: Annotated[bool, typer.Option(help="with graphs: each backward graph adds its "
                                                  "module's gradients itself (not under DDP)")] = True,
@@ -623,7 +633,7 @@ def train(
         # captured after the first (eager) step, so a one-step run never replays them.
         engine = EngineConfig(graphs=graphs and d.device.type == "cuda" and steps > 1,
                               compile=_compile_mode(compile_mode), compile_scope=str(compile_scope),
-                              grad_sync=grad_sync,
+                              grad_sync=str(grad_sync),
                               reduce_dtype=reduce_dtype, grads_in_graph=grads_in_graph,
                               accumulation=accumulation, bf16_weights=bf16_weights,
                               bf16_flat_grads=bf16_flat_grads is not False,
@@ -968,7 +978,7 @@ def bench(
     graphs: Annotated[bool, typer.Option(help="per-module CUDA graphs")] = True,
     compile_mode: Annotated[str, typer.Option("--compile", help="Inductor per module before capture: auto (default on a GPU, none on CPU) | default | max-autotune-gemm (GEMMs tuned) | max-autotune-no-cudagraphs | none")] = "auto",
     compile_scope: CompileScopeOption = CompileScopeName.module,
-    grad_sync: Annotated[str, typer.Option(help="flat | ddp | bucketed: one flat gradient buffer per module and one all-reduce (fastest measured), DDP per module, or the old bucketed all-reduce")] = "flat",
+    grad_sync: GradSyncOption = GradSyncName.flat,
     reduce_dtype: Annotated[str, typer.Option(help="gradient all-reduce precision: fp32 | bf16")] = "fp32",
     grads_in_graph: Annotated[bool, typer.Option(help="with graphs: each backward graph adds its "
                                                  "module's gradients itself (not under DDP)")] = True,
@@ -1043,7 +1053,7 @@ def bench(
                          in_flight_steps=in_flight_steps,
                          engine=EngineConfig(graphs=graphs, compile=_compile_mode(compile_mode),
                                              compile_scope=str(compile_scope),
-                                             grad_sync=grad_sync, reduce_dtype=reduce_dtype,
+                                             grad_sync=str(grad_sync), reduce_dtype=reduce_dtype,
                                              grads_in_graph=grads_in_graph,
                                              accumulation=accumulation),
                          user_programs=users, user_rounds=user_rounds,

@@ -31,6 +31,12 @@ GRAD_BYTES_PER_PARAM = 4.0
 """Gradients are all-reduced in fp32 (mixed precision keeps fp32 master gradients)."""
 ACCUMULATE_BYTES_PER_PARAM = 12.0
 """Adding a micro-step's fp32 gradients into the step's: read both, write the sum."""
+IN_BACKWARD_BUCKET_BYTES = 25 * 2**20
+"""The bucket the engine sums during a backward (grad_sync='overlapped'; a test checks it
+against engine/bucket_reduce.py's)."""
+BACKWARD_SHARE = 2 / 3
+"""A module's backward's part of its forward + backward: each forward GEMM has two in the
+backward (the input's gradient and the weight's)."""
 
 
 class PerfModelError(MosaicError):
@@ -60,6 +66,10 @@ class PerfModel(ABC):
 
     accumulation: int = 1
     """Micro-steps per optimizer step (the engine's gradient accumulation, `accumulating`)."""
+
+    sums_in_backward: bool = False
+    """Whether a plain data-parallel module's gradients are summed bucket by bucket during its
+    own backward (the engine's grad_sync='overlapped'), not after it (`exposed_allreduce_s`)."""
 
     def __init__(self, cluster: ClusterSpec) -> None:
         self.cluster = cluster
@@ -207,8 +217,26 @@ class PerfModel(ABC):
 
     def stage_allreduce_s(self, stage: Stage, graph: MMGraph) -> float:
         # Modules of a stage all-reduce on their own groups at once; the slowest one counts.
-        times = [self.placement_allreduce_s(graph.module(p.module), p) for p in stage.placements]
+        times = [self.exposed_allreduce_s(graph.module(p.module), p, graph)
+                 for p in stage.placements]
         return max(times, default=0.0)
+
+    def exposed_allreduce_s(self, module: ModuleSpec, p: Placement, graph: MMGraph) -> float:
+        """What the step waits for of a placed module's gradient sync: all of it, after the
+        module's backward; or, summed during that backward in n buckets (`sums_in_backward`,
+        plain data-parallel placements), what outlasts it. With the backward B producing the
+        buckets evenly and the sums A running one at a time, the last ends at max(B + A/n,
+        B/n + A), so max(A/n, A - B (n-1)/n) is exposed. The sums' slowing of the backward's
+        kernels is not counted. Accumulating micro-steps sum after the last one, as the
+        engine does."""
+        total = self.placement_allreduce_s(module, p)
+        if (not self.sums_in_backward or self.accumulation > 1 or p.shard
+                or p.tensor_parallel > 1 or total <= 0):
+            return total
+        backward = BACKWARD_SHARE * self.module_time_s(module, graph.global_batch // p.dp_degree,
+                                                       p.sm_share)
+        n = max(1, math.ceil(module.num_params * GRAD_BYTES_PER_PARAM / IN_BACKWARD_BUCKET_BYTES))
+        return max(total / n, total - backward * (n - 1) / n)
 
     def stage_time_s(self, stage: Stage, graph: MMGraph) -> float:
         return self.stage_compute_s(stage, graph) + self.stage_allreduce_s(stage, graph)

@@ -39,6 +39,7 @@ from mosaic.hardware import ClusterSpec, GPUSpec
 from mosaic.perf.analytic import AnalyticModel
 from mosaic.perf.base import ACCUMULATE_BYTES_PER_PARAM, PerfModel, Work, busiest_gpu_parts
 from mosaic.perf.engine_term import (
+    OVERLAPPED_SYNC,
     EngineTerm,
     bf16_moments,
     bf16_weights,
@@ -703,6 +704,7 @@ class ProfiledModel(PerfModel):
             self.params_source = "stored fit" if stored else "fitted on load"
             self._comm = _comm_curves(db)
             self.engine = engine
+            self.sums_in_backward = OVERLAPPED_SYNC in (engine or "").split("+")
             self.engine_term: EngineTerm | None = stored_term(db, engine)
             self.optimizer_fit: OptimizerFit | None = stored_optimizer_fit(db)
             self.updates: dict[str, UpdatePoint] = stored_updates(db)
