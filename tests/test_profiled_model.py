@@ -633,3 +633,23 @@ def test_gradients_summed_in_the_backward_expose_only_what_outlasts_it():
     during.accumulating(2)
     after.accumulating(2)
     assert during.composed_time_s(plan, graph) == pytest.approx(after.composed_time_s(plan, graph))
+
+
+def test_the_planners_search_prices_the_sum_as_the_model_does():
+    """The search's cost of a data-parallel block's all-reduce is what the model exposes: all
+    of it under 'flat', what outlasts the module's backward (on the whole GPU) under
+    'overlapped'."""
+    from mosaic.planners.common import SearchSpace
+
+    cluster = make_cluster(2, "h200")
+    graph = get_model("unified-io-2").graph("paper", global_batch=8)
+    after = ProfiledModel(cluster, engine="graphs+compile-default+flat+grads-in-graph")
+    during = ProfiledModel(cluster, engine="graphs+compile-default+overlapped+grads-in-graph")
+    flat_space, overlapped_space = SearchSpace(graph, cluster, after), SearchSpace(graph, cluster,
+                                                                                  during)
+    for spec in graph.modules:
+        total = flat_space.allreduce_s(spec.name, 2)
+        assert overlapped_space.allreduce_s(spec.name, 2) == pytest.approx(
+            during.exposed_sum_s(spec, 4, 1.0, total))
+    llm = max(graph.modules, key=lambda m: m.num_params).name
+    assert overlapped_space.allreduce_s(llm, 2) < 0.5 * flat_space.allreduce_s(llm, 2)

@@ -222,21 +222,26 @@ class PerfModel(ABC):
         return max(times, default=0.0)
 
     def exposed_allreduce_s(self, module: ModuleSpec, p: Placement, graph: MMGraph) -> float:
-        """What the step waits for of a placed module's gradient sync: all of it, after the
-        module's backward; or, summed during that backward in n buckets (`sums_in_backward`,
-        plain data-parallel placements), what outlasts it. With the backward B producing the
-        buckets evenly and the sums A running one at a time, the last ends at max(B + A/n,
-        B/n + A), so max(A/n, A - B (n-1)/n) is exposed. The sums' slowing of the backward's
-        kernels is not counted. Accumulating micro-steps sum after the last one, as the
-        engine does."""
+        """What the step waits for of a placed module's gradient sync: all of it after the
+        module's backward, or (plain data-parallel placements) `exposed_sum_s`."""
         total = self.placement_allreduce_s(module, p)
-        if (not self.sums_in_backward or self.accumulation > 1 or p.shard
-                or p.tensor_parallel > 1 or total <= 0):
+        if p.shard or p.tensor_parallel > 1:
             return total
-        backward = BACKWARD_SHARE * self.module_time_s(module, graph.global_batch // p.dp_degree,
-                                                       p.sm_share)
+        return self.exposed_sum_s(module, graph.global_batch // p.dp_degree, p.sm_share, total)
+
+    def exposed_sum_s(self, module: ModuleSpec, per_gpu_batch: int, sm_share: float,
+                      total_s: float) -> float:
+        """Of a plain data-parallel module's all-reduce (`total_s`), what outlasts its backward
+        when it is summed during that backward in n buckets (`sums_in_backward`; else all of
+        it). With the backward B producing the buckets evenly and the sums A running one at a
+        time, the last ends at max(B + A/n, B/n + A), so max(A/n, A - B (n-1)/n) is exposed.
+        The sums' slowing of the backward's kernels is not counted. Accumulating micro-steps
+        sum after the last one, as the engine does."""
+        if not self.sums_in_backward or self.accumulation > 1 or total_s <= 0:
+            return total_s
+        backward = BACKWARD_SHARE * self.module_time_s(module, per_gpu_batch, sm_share)
         n = max(1, math.ceil(module.num_params * GRAD_BYTES_PER_PARAM / IN_BACKWARD_BUCKET_BYTES))
-        return max(total / n, total - backward * (n - 1) / n)
+        return max(total_s / n, total_s - backward * (n - 1) / n)
 
     def stage_time_s(self, stage: Stage, graph: MMGraph) -> float:
         return self.stage_compute_s(stage, graph) + self.stage_allreduce_s(stage, graph)

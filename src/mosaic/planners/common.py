@@ -191,8 +191,16 @@ class SearchSpace:
                 self.specs[name], tuple(range(size))))
         t = self.tp_of(name)
         num_bytes = self.specs[name].num_params / t * GRAD_BYTES_PER_PARAM
-        return self._memo(("ar", name, size),
-                          lambda: self.perf.allreduce_s(num_bytes, tuple(range(0, size, t))))
+        return self._memo(("ar", name, size), lambda: self._exposed(
+            name, size, self.perf.allreduce_s(num_bytes, tuple(range(0, size, t)))))
+
+    def _exposed(self, name: str, size: int, total_s: float) -> float:
+        """What the step waits for of a module's all-reduce (all of a TP module's; of a plain
+        one's, what outlasts its backward where the engine sums during it), its backward on
+        the whole GPU: the least it can hide under."""
+        if self.tp_of(name) > 1:
+            return total_s
+        return self.perf.exposed_sum_s(self.specs[name], self.batch_of(name, size), 1.0, total_s)
 
     def block_s(self, modules: Sequence[str], size: int, sharing: str,
                 shares: Sequence[float] | None = None) -> float:
