@@ -653,3 +653,21 @@ def test_the_planners_search_prices_the_sum_as_the_model_does():
             during.exposed_sum_s(spec, 4, 1.0, total))
     llm = max(graph.modules, key=lambda m: m.num_params).name
     assert overlapped_space.allreduce_s(llm, 2) < 0.5 * flat_space.allreduce_s(llm, 2)
+
+
+def test_gradients_summed_in_bf16_send_half_the_bytes():
+    """reduce_dtype='bf16' (engine kind 'bf16-reduce', which bf16 weights need on several
+    GPUs) sums two bytes a parameter: the model's all-reduce is that of half the bytes, in
+    the plans' prediction and in the planners' search alike."""
+    from mosaic.planners.common import SearchSpace
+
+    cluster = make_cluster(2, "h200")
+    graph = get_model("clip").graph("paper", global_batch=32)
+    fp32 = ProfiledModel(cluster, engine="graphs+compile-default+flat+grads-in-graph")
+    bf16 = ProfiledModel(cluster, engine="graphs+compile-default+flat+bf16-reduce+grads-in-graph")
+    placement = Placement(module="vision", gpus=(0, 1))
+    spec = graph.module("vision")
+    assert bf16.placement_allreduce_s(spec, placement) == pytest.approx(
+        fp32.allreduce_s(spec.num_params * 2.0, (0, 1)))
+    assert SearchSpace(graph, cluster, bf16).allreduce_s("vision", 2) == pytest.approx(
+        bf16.placement_allreduce_s(spec, placement))

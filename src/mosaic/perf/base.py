@@ -67,6 +67,10 @@ class PerfModel(ABC):
     accumulation: int = 1
     """Micro-steps per optimizer step (the engine's gradient accumulation, `accumulating`)."""
 
+    grad_wire_bytes: float = GRAD_BYTES_PER_PARAM
+    """Bytes a parameter's gradient travels in when summed (2: the engine's
+    reduce_dtype='bf16', which bf16 weights need on several GPUs)."""
+
     sums_in_backward: bool = False
     """Whether a plain data-parallel module's gradients are summed bucket by bucket during its
     own backward (the engine's grad_sync='overlapped'), not after it (`exposed_allreduce_s`)."""
@@ -114,7 +118,7 @@ class PerfModel(ABC):
         placement all-gathers and reduce-scatters instead (`sharded_sync_s`)."""
         if p.shard:
             return self.sharded_sync_s(module, p.gpus)
-        num_bytes = module.num_params / p.tensor_parallel * GRAD_BYTES_PER_PARAM
+        num_bytes = module.num_params / p.tensor_parallel * self.grad_wire_bytes
         return self.allreduce_s(num_bytes, p.dp_groups[0])
 
     def edge_transfer_s(self, num_bytes: float, src: Placement, dst: Placement) -> float:
@@ -232,15 +236,16 @@ class PerfModel(ABC):
     def exposed_sum_s(self, module: ModuleSpec, per_gpu_batch: int, sm_share: float,
                       total_s: float) -> float:
         """Of a plain data-parallel module's all-reduce (`total_s`), what outlasts its backward
-        when it is summed during that backward in n buckets (`sums_in_backward`; else all of
-        it). With the backward B producing the buckets evenly and the sums A running one at a
+        when it is summed during that backward in n buckets of its gradient buffers (fp32, bf16
+        for bf16 weights) (`sums_in_backward`; else all of it). With the backward B producing the buckets evenly and the sums A running one at a
         time, the last ends at max(B + A/n, B/n + A), so max(A/n, A - B (n-1)/n) is exposed.
         The sums' slowing of the backward's kernels is not counted. Accumulating micro-steps
         sum after the last one, as the engine does."""
         if not self.sums_in_backward or self.accumulation > 1 or total_s <= 0:
             return total_s
         backward = BACKWARD_SHARE * self.module_time_s(module, per_gpu_batch, sm_share)
-        n = max(1, math.ceil(module.num_params * GRAD_BYTES_PER_PARAM / IN_BACKWARD_BUCKET_BYTES))
+        buffer_bytes = GRAD_BYTES_PER_PARAM * module.num_params - 2 * module.stored_bf16_params
+        n = max(1, math.ceil(buffer_bytes / IN_BACKWARD_BUCKET_BYTES))
         return max(total_s / n, total_s - backward * (n - 1) / n)
 
     def stage_time_s(self, stage: Stage, graph: MMGraph) -> float:

@@ -172,6 +172,8 @@ kernels). Not profiled: the composed time prices the update a launch a weight, a
 are a family of their own, so they cannot shift the ungrouped family's fitted term."""
 
 
+BF16_REDUCE = "bf16-reduce"
+"""The engine-kind part of reduce_dtype='bf16' (gradients summed in bf16: half the bytes)."""
 OVERLAPPED_SYNC = "overlapped"
 """The engine-kind part of grad_sync='overlapped' (gradients summed during the backward)."""
 UNPROFILED_UPDATES = (GROUPED_UPDATE, FP8_FIRST_MOMENT)

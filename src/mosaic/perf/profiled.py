@@ -39,6 +39,7 @@ from mosaic.hardware import ClusterSpec, GPUSpec
 from mosaic.perf.analytic import AnalyticModel
 from mosaic.perf.base import ACCUMULATE_BYTES_PER_PARAM, PerfModel, Work, busiest_gpu_parts
 from mosaic.perf.engine_term import (
+    BF16_REDUCE,
     OVERLAPPED_SYNC,
     EngineTerm,
     bf16_moments,
@@ -705,6 +706,8 @@ class ProfiledModel(PerfModel):
             self._comm = _comm_curves(db)
             self.engine = engine
             self.sums_in_backward = OVERLAPPED_SYNC in (engine or "").split("+")
+            if BF16_REDUCE in (engine or "").split("+"):
+                self.grad_wire_bytes = 2.0
             self.engine_term: EngineTerm | None = stored_term(db, engine)
             self.optimizer_fit: OptimizerFit | None = stored_optimizer_fit(db)
             self.updates: dict[str, UpdatePoint] = stored_updates(db)

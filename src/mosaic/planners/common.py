@@ -28,7 +28,7 @@ from mosaic import sharding
 from mosaic import tensor_parallel as tp
 from mosaic.graph import MMGraph, ModuleSpec
 from mosaic.hardware import ClusterSpec
-from mosaic.perf.base import GRAD_BYTES_PER_PARAM, PerfModel, Work
+from mosaic.perf.base import PerfModel, Work
 from mosaic.plan import MEMORY_MARGIN, MemoryPlanError
 
 INF = math.inf
@@ -190,7 +190,7 @@ class SearchSpace:
             return self._memo(("sharded", name, size), lambda: self.perf.sharded_sync_s(
                 self.specs[name], tuple(range(size))))
         t = self.tp_of(name)
-        num_bytes = self.specs[name].num_params / t * GRAD_BYTES_PER_PARAM
+        num_bytes = self.specs[name].num_params / t * self.perf.grad_wire_bytes
         return self._memo(("ar", name, size), lambda: self._exposed(
             name, size, self.perf.allreduce_s(num_bytes, tuple(range(0, size, t)))))
 
@@ -321,7 +321,7 @@ def _alone_best_s(space: SearchSpace, spec: ModuleSpec, t: int) -> float:
         if batch % (k // t) or tp.bytes_per_gpu(spec, batch // (k // t), t) > space.budget_bytes:
             continue
         work = Work(spec, batch // (k // t), 1.0, 0, t)
-        reduce_s = space.perf.allreduce_s(spec.num_params / t * GRAD_BYTES_PER_PARAM,
+        reduce_s = space.perf.allreduce_s(spec.num_params / t * space.perf.grad_wire_bytes,
                                           tuple(range(0, k, t)))
         best = min(best, space.perf.work_time_s(work, 1.0) + reduce_s)
     return best
