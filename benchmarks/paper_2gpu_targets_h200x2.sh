@@ -21,6 +21,7 @@ set -u
 OUT=${1:?usage: paper_2gpu_targets_h200x2.sh OUT [MODEL...]}
 shift
 MODELS=${*:-clip imagebind}
+# PLANNERS=megatron,mosaic: fewer plans where a model's run nears its limit
 VARIANT=${VARIANT-grad_sync=overlapped}
 # bf16 weights summed in bf16 during the backward: 1.95-1.99x predicted, Unified-IO 2 included
 VARIANT2=${VARIANT2-grad_sync=overlapped,bf16_weights=true,reduce_dtype=bf16}
@@ -31,6 +32,7 @@ for m in $MODELS; do
   timeout -k 10 "${LIMIT[$m]:-300}" torchrun --standalone --nproc-per-node 2 -m mosaic bench \
     "$m" --gpus 2 --preset paper --perf-model profiled --compile-scope blocks \
     --user-programs torch-compile --rounds 4 --out "/tmp/b-$m" --json \
+    ${PLANNERS:+--planners "$PLANNERS"} \
     ${VARIANT:+--engine-variant "$VARIANT"} ${VARIANT2:+--engine-variant "$VARIANT2"} \
     > "$OUT/bench_${m}_paper_2gpu.json" 2> "/tmp/logs/bench_${m}_paper_2gpu.err"
   echo "$m paper 2gpu rc=$?"; grep "^mosaic bench" "/tmp/logs/bench_${m}_paper_2gpu.err" | tail -n 2
