@@ -4,6 +4,7 @@ two-process runs (gloo) are in test_engine_dist.py."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
 
@@ -139,3 +140,13 @@ def test_the_engine_and_its_variants_accept_overlapped():
     assert accumulating.flat_sync and not accumulating.reduce_in_backward
     assert not gradient_home(config, plain=True, data_parallel=False,
                              accumulating=False).reduce_in_backward
+
+
+def test_a_captured_sum_of_cpu_gradients_is_refused():
+    from mosaic.engine.bucket_reduce import BucketReduceError
+
+    model = _stack()
+    reducer = InBackwardReduce(FlatGrads(list(model.parameters())), group=None)
+    with pytest.raises(BucketReduceError, match="on the CPU"), \
+            reducer.captured(list(model.parameters())):
+        pass

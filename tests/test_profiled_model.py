@@ -647,10 +647,10 @@ def test_the_planners_search_prices_the_sum_as_the_model_does():
     during = ProfiledModel(cluster, engine="graphs+compile-default+overlapped+grads-in-graph")
     flat_space, overlapped_space = SearchSpace(graph, cluster, after), SearchSpace(graph, cluster,
                                                                                   during)
-    for spec in graph.modules:
-        total = flat_space.allreduce_s(spec.name, 2)
-        assert overlapped_space.allreduce_s(spec.name, 2) == pytest.approx(
-            during.exposed_sum_s(spec, 4, 1.0, total))
+    for module in graph.modules:
+        total = flat_space.allreduce_s(module.name, 2)
+        assert overlapped_space.allreduce_s(module.name, 2) == pytest.approx(
+            during.exposed_sum_s(module, 4, 1.0, total))
     llm = max(graph.modules, key=lambda m: m.num_params).name
     assert overlapped_space.allreduce_s(llm, 2) < 0.5 * flat_space.allreduce_s(llm, 2)
 
@@ -666,8 +666,8 @@ def test_gradients_summed_in_bf16_send_half_the_bytes():
     fp32 = ProfiledModel(cluster, engine="graphs+compile-default+flat+grads-in-graph")
     bf16 = ProfiledModel(cluster, engine="graphs+compile-default+flat+bf16-reduce+grads-in-graph")
     placement = Placement(module="vision", gpus=(0, 1))
-    spec = graph.module("vision")
-    assert bf16.placement_allreduce_s(spec, placement) == pytest.approx(
-        fp32.allreduce_s(spec.num_params * 2.0, (0, 1)))
+    vision = graph.module("vision")
+    assert bf16.placement_allreduce_s(vision, placement) == pytest.approx(
+        fp32.allreduce_s(vision.num_params * 2.0, (0, 1)))
     assert SearchSpace(graph, cluster, bf16).allreduce_s("vision", 2) == pytest.approx(
-        bf16.placement_allreduce_s(spec, placement))
+        bf16.placement_allreduce_s(vision, placement))

@@ -118,6 +118,9 @@ class InBackwardReduce:
         self._grads: dict[int, torch.Tensor] = {}
         self._works: list[Any] = []
         self._handles: list[Any] = []
+        on_gpu = bool(flat.params) and flat.params[0].is_cuda
+        self._side = torch.cuda.Stream(flat.params[0].device) if on_gpu else None
+        """The captured sums' stream, made before any capture (as the probe's)."""
 
     def _arm(self, buckets: list[Bucket]) -> None:
         self.buckets, self._next, self._works = buckets, 0, []
@@ -143,7 +146,10 @@ class InBackwardReduce:
         on leaving. The caller copies no gradients itself."""
         awaited = {self._index[id(p)] for p in used}
         self._arm(buckets_of(self.flat, self.bucket_bytes, awaited))
-        side = torch.cuda.Stream()
+        side = self._side
+        if side is None:
+            raise BucketReduceError("a captured backward sums CUDA gradients: this module's "
+                                    "are on the CPU")
         handles = [p.register_hook(partial(self._received, self._index[id(p)], side))
                    for p in used]
         try:
@@ -157,7 +163,8 @@ class InBackwardReduce:
                                     f" of {len(self.buckets)} gradient buckets incomplete: a "
                                     "parameter used in the warm-up got no gradient; use "
                                     "grad_sync='flat'")
-        torch.cuda.current_stream().wait_stream(side)
+        if self.buckets:  # join the side stream only where a sum forked it into the capture
+            torch.cuda.current_stream().wait_stream(side)
 
     def _received(self, i: int, side: torch.cuda.Stream, grad: torch.Tensor) -> None:
         self._grads[i] = grad
