@@ -306,17 +306,20 @@ def test_plan_groups_under_torchrun_join_a_new_process_group_each(tmp_path):
 @pytest.mark.slow
 def test_bench_runs_multi_gpu_plans_under_torchrun(tmp_path):
     """Two gloo processes stand in for two GPUs: every planner's 2-GPU plan is measured, and
-    the data-parallel ones once more on DDP and on DDP bucket views (an A/B in one run against
-    the default flat buffers; every row's gradients equal the reference's)."""
+    the data-parallel ones once more on DDP, on DDP bucket views and summed during the
+    backward (an A/B in one run against the default flat buffers; every row's gradients
+    equal the reference's)."""
     report, _ = bench_two_ranks("clip", tmp_path, "--steps-per-round", "2",
                                 "--user-programs", "torch-eager",
                                 "--engine-variant", "grad_sync=ddp",
-                                "--engine-variant", "grad_sync=ddp,bucket_view=true")
+                                "--engine-variant", "grad_sync=ddp,bucket_view=true",
+                                "--engine-variant", "grad_sync=overlapped")
     assert report["gpus"] == 2
     labels = {r["planner"] for r in report["results"]}
     variants = {label for label in labels if "@" in label}
     assert labels - variants == {"megatron", "distmm", "spindle", "mosaic", "torch-eager"}
-    assert {"megatron@grad_sync=ddp", "megatron@grad_sync=ddp,bucket_view=true"} <= variants
+    assert {"megatron@grad_sync=ddp", "megatron@grad_sync=ddp,bucket_view=true",
+            "megatron@grad_sync=overlapped"} <= variants
     rows = {r["planner"]: r for r in report["results"]}
     assert rows["megatron@grad_sync=ddp"]["engine_variant"] == {"grad_sync": "ddp"}
     assert rows["megatron"]["engine_variant"] is None
