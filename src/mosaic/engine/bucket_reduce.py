@@ -47,7 +47,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from mosaic.engine.comm import FlatGrads, sum_piece
+from mosaic.engine.comm import FlatGrads, grad_into_view, sum_piece
 from mosaic.errors import MosaicError
 
 BUCKET_BYTES = 25 * 2**20
@@ -194,15 +194,7 @@ class InBackwardReduce:
                                      self.wire_dtype))
 
     def _repair(self, i: int) -> None:
-        """The gradient into its view, where AccumulateGrad left it elsewhere (a `.grad` set
-        to None or replaced since FlatGrads.attach)."""
-        param, view = self.flat.params[i], self.flat.views[i]
-        grad = param.grad
-        if grad is None:
-            view.zero_()
-        elif grad.data_ptr() != view.data_ptr():
-            view.copy_(grad)
-        param.grad = view
+        grad_into_view(self.flat.params[i], self.flat.views[i])
 
     def finish(self) -> list[Any]:
         """After the module's backward: the hooks removed, the buckets still short of a

@@ -430,13 +430,19 @@ class FlatGrads:
         `wire_dtype` (bf16): the sum travels in it, as Megatron's and FSDP's mixed-precision
         reduction do, and is written back when the returned handle is waited for."""
         for p, view in self.attached if repair else ():
-            grad = p.grad
-            if grad is None:
-                view.zero_()
-            elif grad.data_ptr() != view.data_ptr():
-                view.copy_(grad)
-            p.grad = view
+            grad_into_view(p, view)
         return [sum_piece(buffer, group, divide_by, wire_dtype) for buffer in self.buffers.values()]
+
+
+def grad_into_view(param: torch.nn.Parameter, view: torch.Tensor) -> None:
+    """`param`'s gradient into `view` (zeros where it has none) and `.grad` pointed at it,
+    where it was left elsewhere (a `.grad` set to None or replaced since FlatGrads.attach)."""
+    grad = param.grad
+    if grad is None:
+        view.zero_()
+    elif grad.data_ptr() != view.data_ptr():
+        view.copy_(grad)
+    param.grad = view
 
 
 def sum_piece(piece: torch.Tensor, group: object, divide_by: int = 1,
