@@ -150,3 +150,21 @@ def test_a_captured_sum_of_cpu_gradients_is_refused():
     with pytest.raises(BucketReduceError, match="on the CPU"), \
             reducer.captured(list(model.parameters())):
         pass
+
+
+def test_buckets_completed_out_of_order_wait_only_where_summed_in_order():
+    """A parameter registered last but used first (its gradient arrives last) completes the
+    first bucket last: summed in order (eager), every bucket waits for it; as completed (a
+    captured backward, whose order is the same on every rank), none does."""
+    model = _stack()
+    flat = FlatGrads(list(model.parameters()))
+    sums = []
+    late = 5  # the last layer's bias: in the first bucket summed
+    for in_order in (True, False):
+        reducer = InBackwardReduce(flat, group=None, bucket_bytes=8 * 8 * 4)
+        reducer._arm(reducer._every)
+        sums.clear()
+        for i in [4, 3, 2, 1, 0, late]:
+            reducer._arrived(i, lambda bucket: sums.append(bucket.start), in_order)
+        assert sorted(reducer.order) == [0, 1, 2]
+        assert sums == ([144, 72, 0] if in_order else [72, 0, 144])

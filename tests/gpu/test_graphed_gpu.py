@@ -182,7 +182,8 @@ def test_the_backward_graph_sums_its_buckets_inside_the_capture(wire):
         graphed = InGraphGradModule(module, flat.params, (x.clone().requires_grad_(), y.clone()),
                                     torch.cuda.Stream(), "copy", flat.views, reducer=reducer)
         flat.leave_unattached(graphed.unused)
-        assert len(reducer.buckets) == 2
+        assert len(reducer.buckets) == 2 and sorted(reducer.order) == [0, 1]
+        reducer.agree_on_order()
         for _ in range(2):
             flat.attach(zero=False)
             xs = x.clone().requires_grad_()

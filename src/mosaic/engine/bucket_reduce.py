@@ -12,11 +12,14 @@ short backward runs after the LLM's. Summed during the backward: 99.00 ms (1.74x
 Buckets (`buckets_of`). Per dtype, the module's parameters in reverse order (roughly the
 order the backward produces their gradients) cut into runs of at least `bucket_bytes`; a run
 is one slice of the dtype's flat buffer, since comm.FlatGrads lays the views end to end in
-parameter order. A bucket is summed once every parameter it awaits has its gradient, and the
-buckets are summed strictly in one order (by where their awaited parameters start, latest
-first), so every rank issues the same collectives in the same order whatever order its
-gradients arrive in. A parameter not awaited (one the module leaves unused) keeps a zero
-view, summed with its bucket.
+parameter order. A bucket is summed once every parameter it awaits has its gradient. Every
+rank must issue the same collectives in the same order: a captured backward sums each bucket
+as it completes, since the order they complete in is fixed by the backward's graph and the
+same on every rank (`agree_on_order` checks it after the capture, so a parameter registered
+late but used early holds back no other bucket); an eager one sums them strictly in one
+order (by where their awaited parameters start, latest first), since its gradients arrive
+as the step's data uses the parameters. A parameter not awaited (one the module leaves
+unused) keeps a zero view, summed with its bucket.
 
 Two ways the gradients arrive:
 
@@ -45,6 +48,7 @@ from functools import partial
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from mosaic.engine.comm import FlatGrads, grad_into_view, sum_piece
@@ -115,6 +119,8 @@ class InBackwardReduce:
         self._missing: list[set[int]] = []
         self._position: dict[int, int] = {}
         self._next = 0
+        self.order: list[int] = []
+        """Positions in `buckets` in the order their sums were issued (the last backward's)."""
         self._grads: dict[int, torch.Tensor] = {}
         self._works: list[Any] = []
         self._handles: list[Any] = []
@@ -123,15 +129,21 @@ class InBackwardReduce:
         """The captured sums' stream, made before any capture (as the probe's)."""
 
     def _arm(self, buckets: list[Bucket]) -> None:
-        self.buckets, self._next, self._works = buckets, 0, []
+        self.buckets, self._next, self._works, self.order = buckets, 0, [], []
         self._missing = [set(b.awaited) for b in buckets]
         self._position = {i: k for k, b in enumerate(buckets) for i in b.awaited}
 
-    def _arrived(self, i: int, sum_bucket: Callable[[Bucket], None]) -> None:
+    def _arrived(self, i: int, sum_bucket: Callable[[Bucket], None], in_order: bool) -> None:
+        """Parameter i's gradient is in: sum the buckets it completes; `in_order`: only in
+        the buckets' order (a bucket waits for the ones before it)."""
         position = self._position.get(i)
         if position is not None:
             self._missing[position].discard(i)
-        while self._next < len(self.buckets) and not self._missing[self._next]:
+            if not in_order and not self._missing[position]:
+                self.order.append(position)
+                sum_bucket(self.buckets[position])
+        while in_order and self._next < len(self.buckets) and not self._missing[self._next]:
+            self.order.append(self._next)
             sum_bucket(self.buckets[self._next])
             self._next += 1
 
@@ -158,8 +170,8 @@ class InBackwardReduce:
             for handle in handles:
                 handle.remove()
         self._grads.clear()
-        if self._next != len(self.buckets):
-            raise BucketReduceError(f"the captured backward left {len(self.buckets) - self._next}"
+        if len(self.order) != len(self.buckets):
+            raise BucketReduceError(f"the captured backward left {len(self.buckets) - len(self.order)}"
                                     f" of {len(self.buckets)} gradient buckets incomplete: a "
                                     "parameter used in the warm-up got no gradient; use "
                                     "grad_sync='flat'")
@@ -167,8 +179,11 @@ class InBackwardReduce:
             torch.cuda.current_stream().wait_stream(side)
 
     def _received(self, i: int, side: torch.cuda.Stream, grad: torch.Tensor) -> None:
+        # The order buckets complete in is fixed by the backward's graph, the same on every
+        # rank capturing the same module on same-shaped inputs: no bucket need wait for
+        # another (agree_on_order checks it after the capture).
         self._grads[i] = grad
-        self._arrived(i, partial(self._sum_captured, side))
+        self._arrived(i, partial(self._sum_captured, side), in_order=False)
 
     def _sum_captured(self, side: torch.cuda.Stream, bucket: Bucket) -> None:
         torch._foreach_copy_([self.flat.views[i] for i in bucket.awaited],
@@ -177,6 +192,19 @@ class InBackwardReduce:
         with torch.cuda.stream(side):
             sum_piece(self._piece(bucket), self.group, self.divide_by, self.wire_dtype,
                       async_op=False)
+
+    def agree_on_order(self) -> None:
+        """After a capture, outside it: every rank of the group issued the same sums in the
+        same order (NCCL pairs collectives by order, so a difference would hang or mix two
+        buckets' sums); a clear error where not."""
+        mine = [(str(b.dtype), b.start, b.stop) for b in (self.buckets[k] for k in self.order)]
+        orders: list[Any] = [None] * dist.get_world_size(self.group)
+        dist.all_gather_object(orders, mine, group=self.group)
+        differ = [rank for rank, order in enumerate(orders) if order != orders[0]]
+        if differ:
+            raise BucketReduceError(f"group ranks {differ} captured their gradient sums in "
+                                    "another order than the group's first: the module's "
+                                    "backward differs between ranks; use grad_sync='flat'")
 
     # --- eager backward ------------------------------------------------------------------
     def start(self) -> None:
@@ -187,7 +215,7 @@ class InBackwardReduce:
 
     def _accumulated(self, i: int, param: nn.Parameter) -> None:
         self._repair(i)
-        self._arrived(i, self._sum_eager)
+        self._arrived(i, self._sum_eager, in_order=True)
 
     def _sum_eager(self, bucket: Bucket) -> None:
         self._works.append(sum_piece(self._piece(bucket), self.group, self.divide_by,
@@ -206,6 +234,6 @@ class InBackwardReduce:
             for i in self._missing[position]:
                 self._repair(i)
         self._missing = [set() for _ in self.buckets]
-        self._arrived(-1, self._sum_eager)
+        self._arrived(-1, self._sum_eager, in_order=True)
         works, self._works = self._works, []
         return works

@@ -759,6 +759,8 @@ class PlanRunner:
             reducer = self._in_backward_sum(m) if self._homes[m].reduce_in_backward else None
             graphed = InGraphGradModule(eager, flat.params, samples, stream, mode, flat.views,
                                         reducer=reducer)
+            if reducer is not None:
+                reducer.agree_on_order()
             flat.leave_unattached(graphed.unused)
         self._in_graph.setdefault(m, []).append(graphed)
         return graphed
