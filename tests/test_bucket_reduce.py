@@ -168,3 +168,29 @@ def test_buckets_completed_out_of_order_wait_only_where_summed_in_order():
             reducer._arrived(i, lambda bucket: sums.append(bucket.start), in_order)
         assert sorted(reducer.order) == [0, 1, 2]
         assert sums == ([144, 72, 0] if in_order else [72, 0, 144])
+
+
+def test_only_a_backward_alone_on_its_gpus_sums_inside_itself():
+    """Two modules' backwards side by side on the same GPUs (a concurrent stage) would replay
+    their captured sums on one communicator in an order no rank controls: they sum after the
+    stage's backward, as 'flat' does. A temporal stage runs its modules one at a time."""
+    from mosaic.engine.runner import RunnerConfig, backward_alone, gradient_home
+    from mosaic.plan import Placement, Plan, Stage
+
+    both, one = (0, 1), (0,)
+    plan = Plan(model="m", planner="p", num_gpus=2, stages=(
+        Stage(sharing="free", placements=(Placement(module="a", gpus=both),
+                                          Placement(module="b", gpus=both))),
+        Stage(sharing="partition", placements=(Placement(module="c", gpus=both),
+                                               Placement(module="d", gpus=(1,)))),
+        Stage(sharing="free", placements=(Placement(module="e", gpus=one),
+                                          Placement(module="f", gpus=(1,)))),
+        Stage(sharing="temporal", placements=(Placement(module="g", gpus=both),
+                                              Placement(module="h", gpus=both)))))
+    alone = {m: backward_alone(plan, m) for m in "abcdefgh"}
+    assert alone == {"a": False, "b": False, "c": False, "d": False, "e": True, "f": True,
+                     "g": True, "h": True}
+    config = RunnerConfig(graphs=True, grad_sync="overlapped")
+    beside = gradient_home(config, plain=True, data_parallel=True, accumulating=False,
+                           backward_alone=False)
+    assert beside.flat_sync and beside.graph_mode == "copy" and not beside.reduce_in_backward

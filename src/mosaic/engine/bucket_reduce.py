@@ -35,6 +35,10 @@ Two ways the gradients arrive:
   sums the buckets still short of a gradient (parameters unused this step) and returns the
   collectives for the caller to wait on before the optimizer.
 
+Only for a module whose backward runs alone on its GPUs (runner.backward_alone): two
+modules' captured sums replayed side by side would meet on one communicator in an order no
+rank controls.
+
 Not measured on two GPUs yet (benchmarks/captured_reduce_probe.py first, then `mosaic bench
 --engine-variant grad_sync=overlapped`): `flat` stays the default until it pays.
 """

@@ -462,6 +462,12 @@ def sum_piece(piece: torch.Tensor, group: object, divide_by: int = 1,
     return None
 
 
+def stream_waits_for_sum(work: Any) -> None:
+    """The current stream waits for a sum in flight (a handle `FlatGrads.reduce` returned),
+    not for its cast copy back, which waiting for the handle itself does later."""
+    (work.work if isinstance(work, _WrittenBack) else work).wait()
+
+
 class _WrittenBack:
     """An all-reduce of a cast copy; waiting for it copies the sum back into the buffer."""
 

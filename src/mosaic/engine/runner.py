@@ -43,7 +43,14 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from mosaic.engine.bucket_reduce import InBackwardReduce
-from mosaic.engine.comm import FlatGrads, Key, PlanComm, routes_for, sample_range
+from mosaic.engine.comm import (
+    FlatGrads,
+    Key,
+    PlanComm,
+    routes_for,
+    sample_range,
+    stream_waits_for_sum,
+)
 from mosaic.engine.compile import blockwise_view, repeated_block_lists
 from mosaic.engine.ddp import wrap_ddp
 from mosaic.engine.fsdp import shard_module
@@ -122,7 +129,8 @@ class GradientHome:
 
 
 def gradient_home(config: RunnerConfig, *, plain: bool, data_parallel: bool,
-                  accumulating: bool, bf16_weights: bool = False) -> GradientHome:
+                  accumulating: bool, bf16_weights: bool = False,
+                  backward_alone: bool = True) -> GradientHome:
     """`plain`: neither tensor-parallel nor FSDP-sharded (so graphed, and summable as one
     buffer); `accumulating`: several backwards per optimizer step; `bf16_weights`: the
     module holds bf16 weights, whose optimizer updates them in one launch where their
@@ -130,15 +138,29 @@ def gradient_home(config: RunnerConfig, *, plain: bool, data_parallel: bool,
     (2 + 2 bytes a weight). Measured on one H200 that pays on Qwen3-VL `small` (update 6.31
     -> 3.65 ms, copies +0.92) but not clearly on Unified-IO 2 `paper`, whose 3.7 B parameters
     sit in large weights (copies +4.1 ms a step): config.bf16_flat_grads=False keeps each
-    gradient where the backward left it, and the optimizer goes a weight at a time."""
+    gradient where the backward left it, and the optimizer goes a weight at a time.
+    `backward_alone`: no other module's backward runs beside this one's on its GPUs (a plan
+    property, the same on every rank), which summing inside the backward needs: two
+    modules' captured sums replayed side by side on one communicator would run in an order
+    no rank controls."""
     flat_sync = plain and data_parallel and config.grad_sync in ("flat", "overlapped")
     synced_by_ddp = data_parallel and config.grad_sync == "ddp"  # DDP hooks AccumulateGrad
     in_graph = plain and config.graphs and config.grads_in_graph and not synced_by_ddp
     flat = flat_sync or (in_graph and (accumulating or (bf16_weights and config.bf16_flat_grads)))
     mode = None if not in_graph else "add" if accumulating else "copy" if flat else "own"
-    in_backward = flat_sync and config.grad_sync == "overlapped" and not accumulating
+    in_backward = (flat_sync and config.grad_sync == "overlapped" and not accumulating
+                   and backward_alone)
     return GradientHome(flat=flat, flat_sync=flat_sync, graph_mode=mode,
                         reduce_in_backward=in_backward)
+
+
+def backward_alone(plan: Plan, m: str) -> bool:
+    """Whether no other module's backward runs beside m's on m's GPUs: a temporal stage runs
+    its modules one after another on one stream; another stage, side by side."""
+    stage = plan.stages[plan.stage_of(m)]
+    gpus = set(plan.placement(m).gpus)
+    return stage.sharing == "temporal" or not any(
+        gpus & set(p.gpus) for p in stage.placements if p.module != m)
 
 
 def _shard_pieces(tensor: torch.Tensor) -> int:
@@ -263,7 +285,8 @@ class PlanRunner:
             self.config, plain=self.tensor_parallel[m] == 1 and m not in self.sharded,
             data_parallel=len(self._grad_group(m)) > 1,
             accumulating=self.micro_batches > 1 or self.config.accumulates,
-            bf16_weights=any(p.dtype == torch.bfloat16 for p in self.modules[m].parameters()))
+            bf16_weights=any(p.dtype == torch.bfloat16 for p in self.modules[m].parameters()),
+            backward_alone=backward_alone(plan, m))
             for m in self.local}
         # One callable per micro-batch: a graphed callable's forward and backward must
         # alternate, and micro-batch k+1's forward runs before k's backward. Distinct wrapper
@@ -575,6 +598,9 @@ class PlanRunner:
             stream = self._streams[m]
             with self._on(stream):
                 self._wait(stream, ready)
+                if self._homes[m].reduce_in_backward and m in self._in_graph:
+                    for work in self._reducing:  # a later stage's sums on the communicator
+                        stream_waits_for_sum(work)  # its captured ones are about to use
                 start = self._mark(stream)
                 if m in st.losses:
                     torch.autograd.backward(st.losses[m])
