@@ -671,3 +671,19 @@ def test_gradients_summed_in_bf16_send_half_the_bytes():
         fp32.allreduce_s(vision.num_params * 2.0, (0, 1)))
     assert SearchSpace(graph, cluster, bf16).allreduce_s("vision", 2) == pytest.approx(
         bf16.placement_allreduce_s(vision, placement))
+
+
+def test_a_sum_beside_another_modules_backward_is_not_hidden():
+    """The engine sums during the backward only where no other module's backward runs beside
+    it on its GPUs (engine/runner.py, backward_alone): in a concurrent stage the model
+    exposes the whole all-reduce, in a temporal one what outlasts the backward."""
+    cluster = make_cluster(2, "h200")
+    graph = get_model("clip").graph("paper", global_batch=32)
+    during = ProfiledModel(cluster, engine="graphs+compile-default+overlapped+grads-in-graph")
+    vision, text = (Placement(module=m, gpus=(0, 1)) for m in ("vision", "text"))
+    spec = graph.module("vision")
+    total = during.placement_allreduce_s(spec, vision)
+    free = Stage(sharing="free", placements=(vision, text))
+    temporal = Stage(sharing="temporal", placements=(vision, text))
+    assert during.exposed_allreduce_s(spec, vision, graph, free) == total
+    assert during.exposed_allreduce_s(spec, vision, graph, temporal) < total

@@ -221,15 +221,20 @@ class PerfModel(ABC):
 
     def stage_allreduce_s(self, stage: Stage, graph: MMGraph) -> float:
         # Modules of a stage all-reduce on their own groups at once; the slowest one counts.
-        times = [self.exposed_allreduce_s(graph.module(p.module), p, graph)
+        times = [self.exposed_allreduce_s(graph.module(p.module), p, graph, stage)
                  for p in stage.placements]
         return max(times, default=0.0)
 
-    def exposed_allreduce_s(self, module: ModuleSpec, p: Placement, graph: MMGraph) -> float:
+    def exposed_allreduce_s(self, module: ModuleSpec, p: Placement, graph: MMGraph,
+                            stage: Stage | None = None) -> float:
         """What the step waits for of a placed module's gradient sync: all of it after the
-        module's backward, or (plain data-parallel placements) `exposed_sum_s`."""
+        module's backward, or (plain data-parallel placements whose backward runs alone on
+        their GPUs in `stage`: a temporal stage, or no other placement there) `exposed_sum_s`,
+        as the engine sums only those during the backward."""
         total = self.placement_allreduce_s(module, p)
-        if p.shard or p.tensor_parallel > 1:
+        beside = stage is not None and stage.sharing != "temporal" and any(
+            set(p.gpus) & set(o.gpus) for o in stage.placements if o.module != p.module)
+        if p.shard or p.tensor_parallel > 1 or beside:
             return total
         return self.exposed_sum_s(module, graph.global_batch // p.dp_degree, p.sm_share, total)
 

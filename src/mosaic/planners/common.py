@@ -182,23 +182,26 @@ class SearchSpace:
         return self._memo(("m", name, size, share),
                           lambda: self.perf.work_time_s(Work(spec, b, share, 0, t), share))
 
-    def allreduce_s(self, name: str, size: int) -> float:
+    def allreduce_s(self, name: str, size: int, alone: bool = True) -> float:
         """Gradient all-reduce over a block placed inside as few nodes as it needs (a TP
         module's: each shard's gradients over the GPUs holding it, one per replica; a sharded
-        module's all-gathers and reduce-scatter instead: PerfModel.sharded_sync_s)."""
+        module's all-gathers and reduce-scatter instead: PerfModel.sharded_sync_s). `alone`:
+        no other module's backward runs beside this one's (a temporal block, or a block of
+        one), so an engine summing during the backward hides what it can (`_exposed`)."""
         if self.shards(name, size):
             return self._memo(("sharded", name, size), lambda: self.perf.sharded_sync_s(
                 self.specs[name], tuple(range(size))))
         t = self.tp_of(name)
         num_bytes = self.specs[name].num_params / t * self.perf.grad_wire_bytes
-        return self._memo(("ar", name, size), lambda: self._exposed(
-            name, size, self.perf.allreduce_s(num_bytes, tuple(range(0, size, t)))))
+        return self._memo(("ar", name, size, alone), lambda: self._exposed(
+            name, size, self.perf.allreduce_s(num_bytes, tuple(range(0, size, t))), alone))
 
-    def _exposed(self, name: str, size: int, total_s: float) -> float:
-        """What the step waits for of a module's all-reduce (all of a TP module's; of a plain
-        one's, what outlasts its backward where the engine sums during it), its backward on
-        the whole GPU: the least it can hide under."""
-        if self.tp_of(name) > 1:
+    def _exposed(self, name: str, size: int, total_s: float, alone: bool) -> float:
+        """What the step waits for of a module's all-reduce (all of a TP module's, or of one
+        whose backward runs beside another's; of a plain one's, what outlasts its backward
+        where the engine sums during it), its backward on the whole GPU: the least it can
+        hide under."""
+        if self.tp_of(name) > 1 or not alone:
             return total_s
         return self.perf.exposed_sum_s(self.specs[name], self.batch_of(name, size), 1.0, total_s)
 
@@ -278,7 +281,8 @@ class SearchSpace:
     # --- stage cost from a finished structure --------------------------------------------
     def stage_time_s(self, sharing: str, blocks: Sequence[Block]) -> float:
         compute = max(self.block_s(b.modules, b.size, sharing, b.sm_shares) for b in blocks)
-        reduce = max(self.allreduce_s(m, b.size) for b in blocks for m in b.modules)
+        reduce = max(self.allreduce_s(m, b.size, sharing == "temporal" or len(b.modules) == 1)
+                     for b in blocks for m in b.modules)
         return compute + reduce
 
     def partition_fits(self, shares: Sequence[float]) -> bool:

@@ -228,7 +228,7 @@ class StageSolver:
     def _load(self, m: str, size: int, target_s: float, temporal: bool) -> float | None:
         """What `m` takes of a block: seconds (temporal) or SMs it needs to meet the target."""
         space = self.space
-        budget = target_s - space.allreduce_s(m, size)
+        budget = target_s - space.allreduce_s(m, size, alone=temporal)
         if temporal:
             t = space.module_s(m, size)
             return t if t <= budget else None

@@ -156,7 +156,8 @@ def size_groups(space: SearchSpace, groups: Sequence[tuple[str, ...]], sharing: 
             else:
                 t, quota = shares_for(group, k)
             if t < INF:
-                reduce = max(space.allreduce_s(m, k) for m in group)
+                alone = sharing == "temporal" or len(group) == 1
+                reduce = max(space.allreduce_s(m, k, alone) for m in group)
                 opts.append((k, t, reduce, space.layout_penalty_s(group, k)))
                 sh.append(quota)
         options.append(opts)

@@ -32,6 +32,8 @@ class OnlyModes(PerfModel):
         self.inner, self.modes = inner, tuple(modes)
         self.name = f"{inner.name}[{'/'.join(self.modes)}]"
         self.optimizer_bytes_per_param = inner.optimizer_bytes_per_param
+        self.accumulation = inner.accumulation
+        self.grad_wire_bytes, self.sums_in_backward = inner.grad_wire_bytes, inner.sums_in_backward
 
     def optimizer_step_s(self, num_params: float) -> float:
         return self.inner.optimizer_step_s(num_params)
@@ -69,7 +71,8 @@ def plan_mosaic_unaware(graph: MMGraph, cluster: ClusterSpec, perf: PerfModel) -
 
     if not isinstance(perf, ProfiledModel):
         raise PlanError("mosaic-unaware needs the profiled performance model (--perf-model profiled)")
-    unaware = ProfiledModel(cluster, perf.db_path, interference="unaware")
+    unaware = ProfiledModel(cluster, perf.db_path, interference="unaware", engine=perf.engine
+                            ).accumulating(perf.accumulation)
     return _relabel(plan_mosaic(graph, cluster, unaware), "mosaic-unaware", graph, perf)
 
 
