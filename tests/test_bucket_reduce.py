@@ -194,3 +194,15 @@ def test_only_a_backward_alone_on_its_gpus_sums_inside_itself():
     beside = gradient_home(config, plain=True, data_parallel=True, accumulating=False,
                            backward_alone=False)
     assert beside.flat_sync and beside.graph_mode == "copy" and not beside.reduce_in_backward
+
+
+def test_a_module_without_trainable_parameters_has_nothing_to_sum():
+    frozen = _stack()
+    for p in frozen.parameters():
+        p.requires_grad_(False)
+    reducer = InBackwardReduce(FlatGrads(list(frozen.parameters())), group=None)
+    with reducer.captured([]):
+        pass
+    assert reducer.buckets == [] and reducer.order == []
+    reducer.start()
+    assert reducer.finish() == []

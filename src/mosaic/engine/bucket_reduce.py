@@ -163,7 +163,7 @@ class InBackwardReduce:
         awaited = {self._index[id(p)] for p in used}
         self._arm(buckets_of(self.flat, self.bucket_bytes, awaited))
         side = self._side
-        if side is None:
+        if side is None and self.buckets:
             raise BucketReduceError("a captured backward sums CUDA gradients: this module's "
                                     "are on the CPU")
         handles = [p.register_hook(partial(self._received, self._index[id(p)], side))
