@@ -687,3 +687,18 @@ def test_a_sum_beside_another_modules_backward_is_not_hidden():
     temporal = Stage(sharing="temporal", placements=(vision, text))
     assert during.exposed_allreduce_s(spec, vision, graph, free) == total
     assert during.exposed_allreduce_s(spec, vision, graph, temporal) < total
+
+
+def test_the_simulation_of_sums_during_the_backward_takes_the_models_time():
+    """`mosaic simulate` replays a plan as the model composes it (overlap off): with the
+    sums during the backward too, its iteration is the model's, each sum drawn ending what
+    it exposes after the stage's compute."""
+    from mosaic.planners import plan_all
+    from mosaic.simulate import simulate
+
+    cluster = make_cluster(2, "h200")
+    graph = get_model("unified-io-2").graph("paper", global_batch=8)
+    during = ProfiledModel(cluster, engine="graphs+compile-default+overlapped+grads-in-graph")
+    plan = during.predict(plan_all(graph, cluster, during, ["megatron"])[0], graph)
+    assert simulate(plan, graph, during).iteration_s == pytest.approx(
+        plan.predicted_iteration_s, rel=1e-6)

@@ -17,7 +17,9 @@ result is a timeline (Chrome trace), per-GPU busy time and the iteration time:
   slowest GPU of the stage is done; stage time = slowest compute + slowest all-reduce. With
   `overlap=True` a group's all-reduce starts when its own GPUs are done, overlapping slower
   groups' compute, and the next stage starts on each GPU once every group is reduced (what
-  DDP on separate process groups can do; the model does not count this saving).
+  DDP on separate process groups can do; the model does not count this saving). An engine
+  that sums during the backward (grad_sync='overlapped') exposes only what outlasts it
+  (`PerfModel.exposed_allreduce_s`): its event ends that long after the compute.
 - activations: an edge whose ends sit on different GPU sets moves its activations and, in
   backward, their gradients: two transfers after the producer's stage (the model times a
   module's forward and backward as one event, so both directions are charged there).
@@ -118,13 +120,17 @@ class _Sim:
         barrier = max(done.values())
         end = barrier
         for p in stage.placements:
-            ar = self.perf.placement_allreduce_s(graph.module(p.module), p)
+            module = graph.module(p.module)
+            ar = self.perf.placement_allreduce_s(module, p)
+            exposed = self.perf.exposed_allreduce_s(module, p, graph, stage)
             start = max(done[g] for g in p.gpus) if overlap else barrier
             if ar > 0:
-                for g in p.gpus:
-                    what = "all-gather + reduce-scatter" if p.shard else "allreduce"
-                    self.emit(f"{p.module} {what}", index, g, start, start + ar, 1.0, "allreduce")
-            end = max(end, start + ar)
+                what = ("all-gather + reduce-scatter" if p.shard else "allreduce"
+                        if exposed >= ar else "allreduce during backward")
+                for g in p.gpus:  # a sum during the backward began before its end
+                    self.emit(f"{p.module} {what}", index, g, start + exposed - ar,
+                              start + exposed, 1.0, "allreduce")
+            end = max(end, start + exposed)
         return end
 
     def transfers(self, index: int, t0: float) -> float:
