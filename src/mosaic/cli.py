@@ -444,6 +444,7 @@ def simulate(
     profile_db: ProfileDbOption = None,
     overlap: Annotated[bool, typer.Option(help="start each group's all-reduce when its own GPUs are "
                                           "done (the model waits for the stage)")] = False,
+    grad_sync: GradSyncOption = GradSyncName.flat,
     out: Annotated[Path | None, typer.Option(help="directory for the plan, trace and summary",
                                              callback=_out_dir)] = None,
     as_json: Annotated[bool, typer.Option("--json")] = False,
@@ -464,7 +465,8 @@ def simulate(
     if plan_obj is None:
         _check_gpus_useful(num_gpus, graph)
     out = check_out_dir(out or Path("runs") / f"simulate-{graph.name}-{num_gpus}")
-    perf = load_perf_model(str(perf_model), cluster, str(preset), profile_db)
+    perf = load_perf_model(str(perf_model), cluster, str(preset), profile_db,
+                           engine=planned_engine_kind(num_gpus, grad_sync=str(grad_sync)))
     if plan_obj is None:
         from mosaic.planners import make_plan
 
