@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # PREPARED, NOT YET RUN (forty-fourth session, 2026-12-05; no two-GPU kind lent since the
-# twelfth). 2 x H200, one device call (about 8 minutes), results under $1: the first GPU
+# twelfth). 2 x H200, one device call (limits add up to 550 s), results under $1: the first GPU
 # measurement of grad_sync='overlapped' (engine/bucket_reduce.py: each data-parallel module's
 # flat buffer all-reduced bucket by bucket inside its backward CUDA graph):
 #   1. the probe (benchmarks/captured_reduce_probe.py): a stack of 24 layers, the all-reduce
@@ -18,17 +18,17 @@ OUT=${1:?usage: overlapped_sync_h200x2.sh OUT}
 mkdir -p "$OUT"
 export PYTHONPATH=src NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
 for dtype in fp32 bf16; do
-  timeout -k 10 100 torchrun --standalone --nproc-per-node 2 benchmarks/captured_reduce_probe.py \
+  timeout -k 10 70 torchrun --standalone --nproc-per-node 2 benchmarks/captured_reduce_probe.py \
     --grad-dtype "$dtype" --out "$OUT/captured_reduce_$dtype.json" > "$OUT/probe_$dtype.log" 2>&1
   echo "probe $dtype rc=$?"; grep -E "^(compute|after|captured)" "$OUT/probe_$dtype.log"
 done
-timeout -k 10 150 python -m pytest -m gpu -q -p no:cacheprovider tests/gpu/test_graphed_gpu.py \
+timeout -k 10 120 python -m pytest -m gpu -q -p no:cacheprovider tests/gpu/test_graphed_gpu.py \
   tests/gpu/test_engine_gpu.py -k "buckets_inside or (nccl_processes_equal and overlapped)" \
   > "$OUT/gpu_tests.log" 2>&1
 echo "gpu tests rc=$?"; grep -E "passed|failed|^FAILED|^ERROR" "$OUT/gpu_tests.log" | tail -n 8
 COMMON=(clip --preset paper --perf-model profiled --compile-scope blocks --planners megatron
         --user-programs torch-compile --rounds 4 --json)
-CUDA_VISIBLE_DEVICES=0 timeout -k 10 110 python -m mosaic bench "${COMMON[@]}" --gpus 1 \
+CUDA_VISIBLE_DEVICES=0 timeout -k 10 100 python -m mosaic bench "${COMMON[@]}" --gpus 1 \
   --batch 16 --engine-variant bf16_weights=true --out /tmp/b-1gpu \
   > "$OUT/bench_clip_paper_1gpu_b16.json" 2> "$OUT/bench_1gpu.err"
 echo "1 gpu rc=$?"; grep "^mosaic bench" "$OUT/bench_1gpu.err" | tail -n 2
