@@ -139,3 +139,15 @@ def test_the_fp8_probes_blocks_keep_each_blocks_largest_moment(monkeypatch):
     back = probe.dequantized(codes, scale, 256)
     assert back[255].item() == pytest.approx(2e-3) and back[511].item() == pytest.approx(7.0)
     assert torch.allclose(back, x, rtol=2 ** -4, atol=2e-3 * 2 ** -9)
+
+
+def test_the_weak_scaling_prediction_ranks_the_sum_during_the_backward_ahead(monkeypatch):
+    rows = _script("weak_scaling_prediction", monkeypatch).rows("unified-io-2:4")
+    by = {(r["bf16_weights"], r["grad_sync"]): r for r in rows}
+    assert len(rows) == 4
+    for bf16 in (False, True):
+        flat, overlapped = by[(bf16, "flat")], by[(bf16, "overlapped")]
+        assert flat["one_gpu_ms"] == overlapped["one_gpu_ms"]
+        assert overlapped["weak_scaling"] > flat["weak_scaling"]
+        assert overlapped["weak_scaling"] == pytest.approx(
+            2 * overlapped["one_gpu_ms"] / overlapped["two_gpu_ms"], rel=1e-2)
