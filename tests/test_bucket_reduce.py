@@ -174,7 +174,7 @@ def test_only_a_backward_alone_on_its_gpus_sums_inside_itself():
     """Two modules' backwards side by side on the same GPUs (a concurrent stage) would replay
     their captured sums on one communicator in an order no rank controls: they sum after the
     stage's backward, as 'flat' does. A temporal stage runs its modules one at a time."""
-    from mosaic.engine.runner import RunnerConfig, backward_alone, gradient_home
+    from mosaic.engine.runner import RunnerConfig, gradient_home
     from mosaic.plan import Placement, Plan, Stage
 
     both, one = (0, 1), (0,)
@@ -187,7 +187,7 @@ def test_only_a_backward_alone_on_its_gpus_sums_inside_itself():
                                           Placement(module="f", gpus=(1,)))),
         Stage(sharing="temporal", placements=(Placement(module="g", gpus=both),
                                               Placement(module="h", gpus=both)))))
-    alone = {m: backward_alone(plan, m) for m in "abcdefgh"}
+    alone = {m: plan.stages[plan.stage_of(m)].runs_alone(m) for m in "abcdefgh"}
     assert alone == {"a": False, "b": False, "c": False, "d": False, "e": True, "f": True,
                      "g": True, "h": True}
     config = RunnerConfig(graphs=True, grad_sync="overlapped")

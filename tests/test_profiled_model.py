@@ -675,7 +675,7 @@ def test_gradients_summed_in_bf16_send_half_the_bytes():
 
 def test_a_sum_beside_another_modules_backward_is_not_hidden():
     """The engine sums during the backward only where no other module's backward runs beside
-    it on its GPUs (engine/runner.py, backward_alone): in a concurrent stage the model
+    it on its GPUs (plan.Stage.runs_alone): in a concurrent stage the model
     exposes the whole all-reduce, in a temporal one what outlasts the backward."""
     cluster = make_cluster(2, "h200")
     graph = get_model("clip").graph("paper", global_batch=32)

@@ -97,6 +97,14 @@ class Stage:
     def on_gpu(self, gpu: int) -> list[Placement]:
         return [p for p in self.placements if gpu in p.gpus]
 
+    def runs_alone(self, module: str) -> bool:
+        """Whether no other module of the stage runs beside `module` on its GPUs: a temporal
+        stage runs its modules one after another on one stream; another stage, side by side
+        (so an engine summing gradients during a backward does so only where this holds)."""
+        gpus = set(next(p.gpus for p in self.placements if p.module == module))
+        return self.sharing == "temporal" or not any(
+            gpus & set(p.gpus) for p in self.placements if p.module != module)
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Plan:

@@ -35,7 +35,7 @@ Two ways the gradients arrive:
   sums the buckets still short of a gradient (parameters unused this step) and returns the
   collectives for the caller to wait on before the optimizer.
 
-Only for a module whose backward runs alone on its GPUs (runner.backward_alone): two
+Only for a module whose backward runs alone on its GPUs (plan.Stage.runs_alone): two
 modules' captured sums replayed side by side would meet on one communicator in an order no
 rank controls.
 

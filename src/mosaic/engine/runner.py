@@ -154,15 +154,6 @@ def gradient_home(config: RunnerConfig, *, plain: bool, data_parallel: bool,
                         reduce_in_backward=in_backward)
 
 
-def backward_alone(plan: Plan, m: str) -> bool:
-    """Whether no other module's backward runs beside m's on m's GPUs: a temporal stage runs
-    its modules one after another on one stream; another stage, side by side."""
-    stage = plan.stages[plan.stage_of(m)]
-    gpus = set(plan.placement(m).gpus)
-    return stage.sharing == "temporal" or not any(
-        gpus & set(p.gpus) for p in stage.placements if p.module != m)
-
-
 def _shard_pieces(tensor: torch.Tensor) -> int:
     """Into how many distinct pieces a DTensor is split over its mesh (1: a plain tensor, or
     replicated on every mesh dimension)."""
@@ -286,7 +277,7 @@ class PlanRunner:
             data_parallel=len(self._grad_group(m)) > 1,
             accumulating=self.micro_batches > 1 or self.config.accumulates,
             bf16_weights=any(p.dtype == torch.bfloat16 for p in self.modules[m].parameters()),
-            backward_alone=backward_alone(plan, m))
+            backward_alone=plan.stages[plan.stage_of(m)].runs_alone(m))
             for m in self.local}
         # One callable per micro-batch: a graphed callable's forward and backward must
         # alternate, and micro-batch k+1's forward runs before k's backward. Distinct wrapper

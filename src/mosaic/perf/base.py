@@ -232,8 +232,7 @@ class PerfModel(ABC):
         their GPUs in `stage`: a temporal stage, or no other placement there) `exposed_sum_s`,
         as the engine sums only those during the backward."""
         total = self.placement_allreduce_s(module, p)
-        beside = stage is not None and stage.sharing != "temporal" and any(
-            set(p.gpus) & set(o.gpus) for o in stage.placements if o.module != p.module)
+        beside = stage is not None and not stage.runs_alone(p.module)
         if p.shard or p.tensor_parallel > 1 or beside:
             return total
         return self.exposed_sum_s(module, graph.global_batch // p.dp_degree, p.sm_share, total)
@@ -242,8 +241,9 @@ class PerfModel(ABC):
                       total_s: float) -> float:
         """Of a plain data-parallel module's all-reduce (`total_s`), what outlasts its backward
         when it is summed during that backward in n buckets of its gradient buffers (fp32, bf16
-        for bf16 weights) (`sums_in_backward`; else all of it). With the backward B producing the buckets evenly and the sums A running one at a
-        time, the last ends at max(B + A/n, B/n + A), so max(A/n, A - B (n-1)/n) is exposed.
+        for bf16 weights) (`sums_in_backward`; else all of it). With the backward B producing
+        the buckets evenly and the sums A running one at a time, the last ends at
+        max(B + A/n, B/n + A), so max(A/n, A - B (n-1)/n) is exposed.
         The sums' slowing of the backward's kernels is not counted. Accumulating micro-steps
         sum after the last one, as the engine does."""
         if not self.sums_in_backward or self.accumulation > 1 or total_s <= 0:

@@ -705,8 +705,9 @@ class ProfiledModel(PerfModel):
             self.params_source = "stored fit" if stored else "fitted on load"
             self._comm = _comm_curves(db)
             self.engine = engine
-            self.sums_in_backward = OVERLAPPED_SYNC in (engine or "").split("+")
-            if BF16_REDUCE in (engine or "").split("+"):
+            parts = (engine or "").split("+")
+            self.sums_in_backward = OVERLAPPED_SYNC in parts
+            if BF16_REDUCE in parts:
                 self.grad_wire_bytes = 2.0
             self.engine_term: EngineTerm | None = stored_term(db, engine)
             self.optimizer_fit: OptimizerFit | None = stored_optimizer_fit(db)
