@@ -7,7 +7,9 @@
 # side by side): the megatron-style plan with the LLM's states sharded by FSDP2, and the plan
 # every planner now makes, the LLM tensor-parallel over both GPUs (benchmarks/plans/
 # h200-paper-compiled/qwen3-vl-2gpu/). Compiled by blocks (an 8 B LLM compiled whole takes
-# minutes); each plan's graph memory and the group peaks come back in the JSON, against the
+# minutes), the LLM too: its TP shards and FSDP2 units are traced after the split (they ran
+# eagerly before 2026-12-05; a compile failure falls back to eager and the JSON's
+# checks.compile says why); each plan's graph memory and the group peaks come back in the JSON, against the
 # memory model's estimate (which now counts the bf16 weight copies).
 # Beside them, what the user runs when DDP's replicas do not fit: their torch.compile program
 # on FSDP2 (USERS, default torch-compile-fsdp; USERS="" for none), set up, checked and timed

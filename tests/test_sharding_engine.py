@@ -159,7 +159,9 @@ def _train(case: dict, out: Path, rank: int, device: str) -> None:
                                    background=case.get("background", False))
                   if "checkpoint" in case else None)
     engine = EngineConfig(amp=case.get("amp", False), graphs=case.get("graphs", False),
-                          compile=case.get("compile"), accumulation=case.get("accumulation", 1),
+                          compile=case.get("compile"),
+                          compile_scope=case.get("compile_scope", "module"),
+                          accumulation=case.get("accumulation", 1),
                           reduce_dtype=case.get("reduce_dtype", "fp32"))
     config = TrainConfig(model=case["model"], preset=case.get("preset", "tiny"),
                          plan=Plan.from_dict(case["plan"]), steps=case["steps"],
@@ -274,6 +276,31 @@ def test_sharded_plans_train_like_unsharded_and_like_one_process(tmp_path):
                     rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("scope", ["blocks", "module"])
+def test_sharded_modules_compile_after_sharding_and_train_like_one_process(tmp_path, scope):
+    """Inductor (on the CPU) over modules FSDP2 has sharded: by blocks each layer unit is a
+    compiled graph of its own with FSDP's hooks between them (torchtitan's recipe); whole,
+    Dynamo runs the units' hooks outside its graphs. Same weights as one eager process, and
+    the compile report lists the sharded modules as compiled, not eager."""
+    compiled = ("deep-all", "clip-head")
+    run_cases({name: {"model": SHARDED_CASES[name][0], "plan": SHARDED_CASES[name][1],
+                      "steps": STEPS, "compile": "default", "compile_scope": scope}
+               for name in compiled}, tmp_path)
+    for name in compiled:
+        model, plan = SHARDED_CASES[name]
+        states, _ = load_run(tmp_path, name)
+        reference = reference_state(make_model(model), "tiny", STEPS, LR)
+        sharded = {p["module"] for s in plan["stages"] for p in s["placements"] if p["shard"]}
+        for rank in range(2):
+            assert_same(states[rank], reference, rtol=1e-4, atol=1e-5)
+            report = json.loads((tmp_path / name / f"compile{rank}.json").read_text())
+            held = set(json.loads((tmp_path / name / f"sharded{rank}.json").read_text()))
+            assert held == sharded and not report["eager"], report
+            assert sharded <= set(report["compiled"]) & set(report["compile_s"]), report
+            if scope == "blocks" and model == "toydeep":  # its layer units, a graph each
+                assert report["compiled"]["vision"]["blocks"] == 3, report
+
+
 @pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
 def test_sharded_plans_clip_the_global_norm_as_one_process_does(tmp_path, optimizer):
     """--clip-grad-norm with FSDP shards: each rank's shard of a gradient counts once in the
@@ -363,12 +390,24 @@ which FSDP leaves whole and the runner all-reduces."""
 
 
 def test_zoo_modules_sharded_train_like_unsharded(tmp_path):
+    """Eager, and Qwen3-VL's transformers layers compiled by blocks after sharding too (a
+    zoo module's class cannot be built without arguments, as copy.copy of an FSDP2 unit
+    would: compile._shallow)."""
     cases = {}
     for model, sharded in ZOO_CASES.items():
         for label, shard in (("sharded", sharded), ("unsharded", set())):
             cases[f"{model}-{label}"] = {"model": model, "plan": zoo_plan(model, shard),
                                          "steps": 2, "lr": 1e-2}
+    cases["qwen3-vl-sharded-compiled"] = {**cases["qwen3-vl-sharded"], "compile": "default",
+                                          "compile_scope": "blocks"}
     run_cases(cases, tmp_path)
+    states, losses = load_run(tmp_path, "qwen3-vl-sharded-compiled")
+    plain_states, plain_losses = load_run(tmp_path, "qwen3-vl-unsharded")
+    torch.testing.assert_close(losses[0], plain_losses[0], rtol=1e-4, atol=1e-5)
+    for rank in range(2):
+        assert_same(states[rank], plain_states[rank], rtol=1e-4, atol=1e-5)
+    report = json.loads((tmp_path / "qwen3-vl-sharded-compiled" / "compile0.json").read_text())
+    assert report["compiled"]["llm"]["blocks"] > 1 and not report["eager"], report
     for model, sharded in ZOO_CASES.items():
         states, losses = load_run(tmp_path, f"{model}-sharded")
         plain_states, plain_losses = load_run(tmp_path, f"{model}-unsharded")

@@ -56,7 +56,9 @@ CASES = {
 
 
 def _worker(rank: int, world: int, port: int, cases: dict, out_dir: str,
-            device: str = "cpu", clip_grad_norm: float | None = None) -> None:
+            device: str = "cpu", clip_grad_norm: float | None = None,
+            compile_scope: str | None = None) -> None:
+    """`compile_scope`: compile every module (Inductor, default mode) by that scope."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
     torch.set_num_threads(1)
@@ -72,7 +74,9 @@ def _worker(rank: int, world: int, port: int, cases: dict, out_dir: str,
                                  steps=STEPS if last else STEPS - 1, resume=part > 0,
                                  checkpoint=CheckpointConfig(directory=str(where / "ck")),
                                  optimizer="sgd", plan=Plan.from_dict(plan), warmup_steps=0,
-                                 engine=EngineConfig(amp=False), progress=False,
+                                 engine=EngineConfig(amp=False, compile=compile_scope and "default",
+                                                     compile_scope=compile_scope or "module"),
+                                 progress=False,
                                  metrics_path=str(where / f"metrics{part}.jsonl"),
                                  clip_grad_norm=clip_grad_norm)
             result = train(config)
@@ -84,6 +88,7 @@ def _worker(rank: int, world: int, port: int, cases: dict, out_dir: str,
         q_proj = result.modules["llm"].backbone.layers[0].self_attn.q_proj.weight
         (where / f"rank{rank}.json").write_text(json.dumps(
             {"sharded": isinstance(q_proj, DTensor), "local_rows": local_tensor(q_proj).shape[0]}))
+        (where / f"compile{rank}.json").write_text(json.dumps(result.summary["compile"]))
     end_distributed(Dist(rank=rank, world_size=world, device=torch.device(device),
                          owns_group=True))
 
@@ -127,6 +132,17 @@ def test_tensor_parallel_trains_like_one_process(tmp_path, expected, world):
     check_against_one_process(tmp_path, expected, world, "cpu", rel=1e-5, rtol=1e-4, atol=1e-5)
 
 
+def test_tensor_parallel_compiled_by_blocks_trains_like_one_process(tmp_path, expected):
+    """Inductor (on the CPU) over the TP shards: each decoder layer compiled after
+    `parallelize_module` made its weights DTensors, as torchtitan compiles after TP."""
+    check_against_one_process(tmp_path, expected, 2, "cpu", rel=1e-5, rtol=1e-4, atol=1e-5,
+                              cases={"tp2": CASES[2]["tp2"]}, compile_scope="blocks")
+    for rank in range(2):
+        report = json.loads((tmp_path / "tp2" / f"compile{rank}.json").read_text())
+        assert report["compiled"]["llm"]["blocks"] > 1 and not report["eager"], report
+        assert "llm" in report["compile_s"], report  # the compiled view ran
+
+
 CLIP = 0.5
 """Below the tiny LLM's gradient norm at each of the STEPS (asserted): clipping acts."""
 
@@ -145,12 +161,13 @@ def test_tensor_parallel_clips_the_global_norm_like_one_process(tmp_path):
 def check_against_one_process(tmp_path: Path, expected, world: int, device: str, *,
                               rel: float, rtol: float, atol: float, cases: dict | None = None,
                               clip_grad_norm: float | None = None,
-                              norms: list[float] | None = None) -> None:
+                              norms: list[float] | None = None,
+                              compile_scope: str | None = None) -> None:
     """Train every case of CASES[world] (or `cases`) on `world` processes; losses and weights
     (and with `clip_grad_norm` the logged norms) must match one process on the CPU."""
     cases = cases or CASES[world]
-    start_workers(_worker, (world, _free_port(), cases, str(tmp_path), device, clip_grad_norm),
-                  nprocs=world, device=device)
+    start_workers(_worker, (world, _free_port(), cases, str(tmp_path), device, clip_grad_norm,
+                            compile_scope), nprocs=world, device=device)
     losses, state = expected
     for name, plans in cases.items():
         rows = [json.loads(r) for part in range(len(plans))

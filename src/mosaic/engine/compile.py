@@ -30,10 +30,9 @@ a list is compiled whole.
 
 from __future__ import annotations
 
-import copy
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -88,12 +87,6 @@ class CompileReport:
         return {"compiled": self.compiled, "eager": self.eager, "compile_s": self.compile_s,
                 "total_compile_s": sum(self.compile_s.values())}
 
-    def mark_eager(self, name: str, why: str) -> None:
-        """A module given a compiled view that the engine runs eagerly after all (a sharded
-        module: runner.py says why)."""
-        if self.compiled.pop(name, None) is not None:
-            self.eager[name] = why
-
 
 def workaround_options(module: nn.Module) -> tuple[dict[str, Any], list[str]]:
     """Inductor options this module needs, and why (empty when it needs none)."""
@@ -145,7 +138,7 @@ class CompiledModule(nn.Module):
         super().__init__()
         raise_recompile_limit()
         self.inner = module
-        self.name = name
+        self.name, self.mode, self.scope = name, mode, scope
         self._report = report
         extra, reasons = workaround_options(module)
         # torch.compile takes a mode or options, not both: spell the mode out as its options.
@@ -168,6 +161,12 @@ class CompiledModule(nn.Module):
                                  "scope": "blocks" if lists else "module",
                                  "blocks": sum(len(blocks) for _, blocks in lists)}
         self._first_call = True
+
+    def traced_anew(self) -> CompiledModule:
+        """A new view of the same module, compiled at its first call, in place of this one
+        in the report: for a module changed in place since this view was made (FSDP2's
+        `fully_shard` swaps its class, parameters and hooks; TP its parameters)."""
+        return CompiledModule(self.name, self.inner, self.mode, self._report, self.scope)
 
     def forward(self, *args: torch.Tensor) -> Any:
         if self._compiled is None:
@@ -207,6 +206,13 @@ class CompiledModule(nn.Module):
         object.__setattr__(self, "_compiled", None)
 
 
+def traced_anew(views: dict[str, nn.Module], changed: Collection[str]) -> dict[str, nn.Module]:
+    """`views` with the compiled view of each module in `changed` (sharded in place since
+    it was made) made anew (CompiledModule.traced_anew); other views as they are."""
+    return {m: v.traced_anew() if m in changed and isinstance(v, CompiledModule) else v
+            for m, v in views.items()}
+
+
 def repeated_block_lists(module: nn.Module) -> list[tuple[str, nn.ModuleList]]:
     """(path, list) of the outermost ModuleLists holding two or more blocks of one class
     (a transformer's layers); lists inside them are part of their blocks."""
@@ -237,8 +243,11 @@ def blockwise_view(module: nn.Module, lists: list[tuple[str, nn.ModuleList]],
 
 
 def _shallow(module: nn.Module) -> nn.Module:
-    """A copy of the module object whose child table is its own (parameters shared)."""
-    clone = copy.copy(module)
+    """A copy of the module object whose child table is its own (parameters shared). Not
+    copy.copy: on a module FSDP2 has sharded, its class's `__new__` builds the module's own
+    class anew by calling `__init__()` without arguments."""
+    clone = object.__new__(type(module))
+    clone.__dict__.update(module.__dict__)
     clone._modules = dict(module._modules)
     return clone
 

@@ -20,15 +20,17 @@ the SUM all-reduce of gradients gives the gradient of the global mean. A head wi
 Tensor parallelism (engine/tensor_parallel.py). A TP module was sharded by the session before
 the runner was made; every GPU of its TP group runs the replica's samples and the same loss
 (reported once: its share / t), its gradients are summed over the GPUs holding the same shard
-by hand (not DDP), and it runs eagerly, never CUDA-graphed: its forward and backward hold TP
-collectives on the process group, which a replayed graph would have to capture.
+by hand (not DDP), and it is compiled (its view traced anew after the split) but never
+CUDA-graphed: its forward and backward hold TP collectives on the process group, which a
+replayed graph would have to capture.
 
 Sharded states (engine/fsdp.py). A placement with `shard` is sharded here with FSDP2 on its
 process group, before the optimizer is built (it must see the DTensor shards). FSDP's
 all-gathers and reduce-scatters run in its own forward / backward hooks, so such a module
-gets no DDP and no hand all-reduce, is never CUDA-graphed, and runs its plain module, not the
-compiled view: CompiledModule's first call runs an extra backward (to catch compile failures
-early) that would fire FSDP's gradient hooks on half a step.
+gets no DDP and no hand all-reduce and is never CUDA-graphed. Its compiled view is traced
+anew after sharding (compile.CompiledModule.traced_anew), as torchtitan compiles after
+`fully_shard`: compiled by blocks, each layer unit's forward is one compiled graph and
+FSDP's hooks run between them, outside the compiled code.
 """
 
 from __future__ import annotations
@@ -51,7 +53,7 @@ from mosaic.engine.comm import (
     sample_range,
     stream_waits_for_sum,
 )
-from mosaic.engine.compile import blockwise_view, repeated_block_lists
+from mosaic.engine.compile import blockwise_view, repeated_block_lists, traced_anew
 from mosaic.engine.ddp import wrap_ddp
 from mosaic.engine.fsdp import shard_module
 from mosaic.engine.gate_slot import slotted
@@ -267,6 +269,7 @@ class PlanRunner:
                                   f"is placed with tensor_parallel={t}; use tensor_parallel=1")
         self.sharded = self._shard_modules()
         """Modules whose states FSDP2 shards: see "Sharded states" in the module doc."""
+        views = traced_anew(views or {}, self.sharded)
         amp = self.cuda if self.config.amp is None else self.config.amp
         self.amp = amp
         """Whether the modules run under bf16 autocast (evaluation runs them so too)."""
@@ -283,10 +286,10 @@ class PlanRunner:
         # alternate, and micro-batch k+1's forward runs before k's backward. Distinct wrapper
         # objects: make_graphed_callables replaces an nn.Module's forward in place.
         self.gates = gates
-        views = _gated_views(views or {}, self.modules, self.sharded) if gates else views or {}
+        views = _gated_views(views, self.modules, self.sharded) if gates else views
         self._callables: dict[str, list[Any]] = {
-            m: [_Autocast(self.modules[m] if m in self.sharded else views.get(m, self.modules[m]),
-                          amp, self.device.type) for _ in range(self.micro_batches)]
+            m: [_Autocast(views.get(m, self.modules[m]), amp, self.device.type)
+                for _ in range(self.micro_batches)]
             for m in self.local}
         self._ddp: dict[str, nn.Module] = {}
         self._flat: dict[str, FlatGrads] = {}
@@ -734,7 +737,7 @@ class PlanRunner:
         module's own stream. Needs one eager step first (it fixes the shapes)."""
         if not self.config.graphs or self.graphed:
             return
-        graphed = [m for m in self.local  # TP and FSDP modules run eagerly
+        graphed = [m for m in self.local  # TP and FSDP modules run their collectives uncaptured
                    if self.tensor_parallel[m] == 1 and m not in self.sharded]
         if self._samples is None and graphed:
             raise EngineError("capture_graphs() needs one eager step first: call step() once")

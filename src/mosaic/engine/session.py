@@ -26,7 +26,7 @@ from torch import nn
 
 from mosaic.engine import tensor_parallel
 from mosaic.engine.comm import PlanComm, check_world_size
-from mosaic.engine.compile import COMPILE_MODES, COMPILE_SCOPES
+from mosaic.engine.compile import COMPILE_MODES, COMPILE_SCOPES, traced_anew
 from mosaic.engine.green import SMPartitionPool, StreamRequest, requests_for_plan
 from mosaic.engine.main_weights import MainWeightsAdamW, MicroStepGradients
 from mosaic.engine.runner import GRAD_SYNC, REDUCE_DTYPES, PlanRunner, RunnerConfig, StepOutput
@@ -597,8 +597,8 @@ class RankSession:
 def _shard_tensor_parallel(plan: Plan, modules: dict[str, nn.Module], comm: PlanComm,
                            views: dict[str, nn.Module] | None) -> dict[str, nn.Module] | None:
     """Shard this rank's tensor-parallel modules in place over their TP group's mesh
-    (engine/tensor_parallel.py). They run eagerly (not verified under Inductor), so their
-    compiled views are dropped."""
+    (engine/tensor_parallel.py); their compiled views are traced anew over the DTensor
+    weights (tests/test_tensor_parallel_dist.py trains them compiled by blocks)."""
     sharded = set()
     for name, module in modules.items():
         placement = plan.placement(name)
@@ -608,9 +608,7 @@ def _shard_tensor_parallel(plan: Plan, modules: dict[str, nn.Module], comm: Plan
         tensor_parallel.parallelize(name, module,
                                     tensor_parallel.mesh_of(comm.group(group), comm.device))
         sharded.add(name)
-    if views is None or not sharded:
-        return views
-    return {m: v for m, v in views.items() if m not in sharded}
+    return None if views is None else traced_anew(views, sharded)
 
 
 def _micro_step_graph(plan: Plan, graph: MMGraph, modules: dict[str, nn.Module],

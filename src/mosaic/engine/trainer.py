@@ -330,8 +330,6 @@ def _build(config: TrainConfig, model: TrainableModel, graph: MMGraph, plan: Pla
     views, compiled = compile_modules(modules, config.engine.compile,
                                       scope=config.engine.compile_scope)
     session = RankSession.create(plan, graph, modules, d, gpu, config.engine, views=views)
-    for name in session.runner.sharded:
-        compiled.mark_eager(name, "sharded states (FSDP2) run the plain module")
     params = session.parameters()
     if not params:  # a GPU may hold no module at all
         return session, None, compiled
