@@ -196,6 +196,12 @@ class SearchSpace:
         return self._memo(("ar", name, size, alone), lambda: self._exposed(
             name, size, self.perf.allreduce_s(num_bytes, tuple(range(0, size, t))), alone))
 
+    def block_allreduce_s(self, modules: Sequence[str], size: int, sharing: str) -> float:
+        """The slowest gradient sync of a block's modules, each alone in its backward only in
+        a temporal block or a block of one (plan.Stage.runs_alone's rule for a block)."""
+        alone = sharing == "temporal" or len(modules) == 1
+        return max(self.allreduce_s(m, size, alone) for m in modules)
+
     def _exposed(self, name: str, size: int, total_s: float, alone: bool) -> float:
         """What the step waits for of a module's all-reduce (all of a TP module's, or of one
         whose backward runs beside another's; of a plain one's, what outlasts its backward
@@ -270,8 +276,7 @@ class SearchSpace:
             batch = self.graph.global_batch // max(1, size // t)
             self._bytes[key] = tp.bytes_per_gpu(self.specs[name], batch, t)
             if self.shards(name, size):  # as plan.gpu_memory_bytes
-                spec = self.specs[name]
-                self._bytes[key] += sharding.state_bytes(spec, size, shard=True) - spec.static_bytes
+                self._bytes[key] += sharding.added_bytes(self.specs[name], size)
         return self._bytes[key]
 
     def fits(self, modules: Sequence[str], size: int) -> bool:
@@ -281,8 +286,7 @@ class SearchSpace:
     # --- stage cost from a finished structure --------------------------------------------
     def stage_time_s(self, sharing: str, blocks: Sequence[Block]) -> float:
         compute = max(self.block_s(b.modules, b.size, sharing, b.sm_shares) for b in blocks)
-        reduce = max(self.allreduce_s(m, b.size, sharing == "temporal" or len(b.modules) == 1)
-                     for b in blocks for m in b.modules)
+        reduce = max(self.block_allreduce_s(b.modules, b.size, sharing) for b in blocks)
         return compute + reduce
 
     def partition_fits(self, shares: Sequence[float]) -> bool:

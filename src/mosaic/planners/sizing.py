@@ -156,8 +156,7 @@ def size_groups(space: SearchSpace, groups: Sequence[tuple[str, ...]], sharing: 
             else:
                 t, quota = shares_for(group, k)
             if t < INF:
-                alone = sharing == "temporal" or len(group) == 1
-                reduce = max(space.allreduce_s(m, k, alone) for m in group)
+                reduce = space.block_allreduce_s(group, k, sharing)
                 opts.append((k, t, reduce, space.layout_penalty_s(group, k)))
                 sh.append(quota)
         options.append(opts)
