@@ -433,6 +433,26 @@ def test_the_fsdp2_program_gathering_bf16_weights_is_of_the_bf16_kernel_class():
     assert measure._kernel_class(contender(None)) == "fp32 weights"
 
 
+def test_a_plan_sharding_a_module_under_autocast_is_of_the_bf16_kernel_class():
+    """Its sharded module is gathered in bf16 (fsdp.gather_dtype), so it computes as a
+    bf16-weights plan does; without autocast, or sharding nothing, it stays fp32."""
+    from types import SimpleNamespace
+
+    from mosaic.engine import measure
+    from mosaic.plan import Placement, Plan, Stage
+
+    def contender(shard: bool, amp: bool):
+        plan = Plan(model="m", planner="p", num_gpus=2, stages=(Stage(placements=(
+            Placement(module="llm", gpus=(0, 1), shard=shard),)),))
+        session = SimpleNamespace(plan=plan, config=SimpleNamespace(bf16_weights=False),
+                                  runner=SimpleNamespace(amp=amp))
+        return SimpleNamespace(session=session, program=None)
+
+    assert measure._kernel_class(contender(shard=True, amp=True)) == "bf16 weights"
+    assert measure._kernel_class(contender(shard=True, amp=False)) == "fp32 weights"
+    assert measure._kernel_class(contender(shard=False, amp=True)) == "fp32 weights"
+
+
 def test_gradients_are_compared_a_parameter_and_a_chunk_at_a_time_as_one_norm_would(monkeypatch):
     """The reference's flat gradient is written a parameter at a time on the host; a
     contender's gradients are compared with it a parameter, and within one a chunk, at a time

@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
 from mosaic.engine.checkpoint import CheckpointConfig
@@ -173,6 +174,11 @@ def _train(case: dict, out: Path, rank: int, device: str) -> None:
     os.environ.pop("MOSAIC_FAULT", None)
     if "fault" in case:
         os.environ["MOSAIC_FAULT"] = case["fault"]
+    gathered: set[str] = set()
+    watch = nn.modules.module.register_module_forward_hook(  # before FSDP frees the unit
+        lambda module, args, output: gathered.update(
+            str(p.dtype) for p in module.parameters(recurse=False))
+        if isinstance(module, FSDPModule) else None)
     try:
         result = train(config, model=model)
     except ValueError as exc:
@@ -180,6 +186,8 @@ def _train(case: dict, out: Path, rank: int, device: str) -> None:
         return
     finally:
         os.environ.pop("MOSAIC_FAULT", None)
+        watch.remove()
+    (out / f"gathered{rank}.json").write_text(json.dumps(sorted(gathered)))
     torch.save(full_state(result.modules), out / f"rank{rank}.pt")
     sharded = sorted(m for m, module in result.modules.items()
                      if any(isinstance(p, DTensor) for p in module.parameters()))
@@ -299,6 +307,24 @@ def test_sharded_modules_compile_after_sharding_and_train_like_one_process(tmp_p
             assert sharded <= set(report["compiled"]) & set(report["compile_s"]), report
             if scope == "blocks" and model == "toydeep":  # its layer units, a graph each
                 assert report["compiled"]["vision"]["blocks"] == 3, report
+
+
+def test_sharded_modules_compute_with_weights_gathered_in_bf16_under_autocast(tmp_path):
+    """Under bf16 autocast FSDP2 gathers the weights in bf16 (fsdp.gather_dtype), as the
+    memory and cost model count them; the loss follows the unsharded plan's within bf16's
+    rounding. Without autocast they are gathered as stored (fp32)."""
+    model, plan = SHARDED_CASES["deep-all"]
+    run_cases({"amp": {"model": model, "plan": plan, "steps": STEPS, "amp": True},
+               "amp-unsharded": {"model": model, "plan": unsharded(plan), "steps": STEPS,
+                                 "amp": True},
+               "fp32": {"model": model, "plan": plan, "steps": 1}}, tmp_path)
+    _, losses = load_run(tmp_path, "amp")
+    _, plain_losses = load_run(tmp_path, "amp-unsharded")
+    torch.testing.assert_close(losses[0], plain_losses[0], rtol=2e-2, atol=2e-2)
+    for rank in range(2):
+        for case, dtype in (("amp", "torch.bfloat16"), ("fp32", "torch.float32")):
+            seen = json.loads((tmp_path / case / f"gathered{rank}.json").read_text())
+            assert seen == [dtype], (case, seen)
 
 
 @pytest.mark.parametrize("optimizer", ["sgd", "adamw"])

@@ -26,7 +26,7 @@ from mosaic.errors import MosaicError
 from mosaic.files import write_text_atomic
 from mosaic.graph import MMGraph, ModuleSpec
 from mosaic.hardware import ClusterSpec
-from mosaic.sharding import saved_bytes, state_bytes
+from mosaic.sharding import added_bytes, saved_bytes
 from mosaic.tensor_parallel import bf16_precision_saving, bytes_per_gpu
 
 SHARING_MODES = ("temporal", "partition", "cap", "free")
@@ -126,6 +126,10 @@ class Plan:
                 if p.module == module:
                     return p
         raise PlanError(f"plan has no placement for module {module!r}")
+
+    def sharded_modules(self) -> list[str]:
+        """The modules whose training states are sharded (FSDP2), sorted."""
+        return sorted(p.module for s in self.stages for p in s.placements if p.shard)
 
     def stage_of(self, module: str) -> int:
         for i, stage in enumerate(self.stages):
@@ -408,7 +412,7 @@ def replica_bytes(module: ModuleSpec, global_batch: int, dp_degree: int,
     user's DDP (`shard` False) or FSDP2 program needs of each module."""
     need = bytes_per_gpu(module, global_batch // dp_degree, tensor_parallel)
     if shard:  # sharded states in place of the full copy (mosaic.sharding)
-        need += state_bytes(module, dp_degree, shard=True) - module.static_bytes
+        need += added_bytes(module, dp_degree)
     return need
 
 

@@ -71,9 +71,9 @@ def bf16_precision_saving(spec: ModuleSpec, *, main_weights: bool = True) -> tup
 
 def autocast_weight_bytes(spec: ModuleSpec) -> float:
     """The bf16 copy of every fp32 weight that autocast makes in the forward and the backward
-    keeps until it has used it: live at the end of the forward, the memory peak. A sharded
-    module's too: FSDP gathers fp32 weights, autocast casts them whole. Weights stored in
-    bf16 (ModuleSpec.bf16_weights) are used as they are."""
+    keeps until it has used it: live at the end of the forward, the memory peak. Not a
+    sharded module's: FSDP gathers its weights in bf16 (mosaic.sharding.added_bytes takes
+    them off). Weights stored in bf16 (ModuleSpec.bf16_weights) are used as they are."""
     return AUTOCAST_WEIGHT_BYTES * (spec.num_params - spec.stored_bf16_params)
 
 

@@ -14,6 +14,11 @@ global loss (runner.py), while FSDP2 averages by default. So every unit reduce-s
 plain SUM and divides only by `divide_by` (the DP degree for a contrastive head, whose replicas
 each compute the full gradient; 1 otherwise), as the DDP hook does (ddp.py). A plain SUM, not
 NCCL's PREMUL_SUM, because gloo has no PREMUL_SUM and the CPU tests run on gloo.
+
+Precision. Under bf16 autocast the weights are gathered in bf16 (`gather_dtype`: FSDP2's
+`param_dtype`, as torchtitan and the user's FSDP2 program gather them), their sharded fp32
+copies stay what the optimizer steps, and the gradients are reduce-scattered in the reduce
+dtype (fp32 by default).
 """
 
 from __future__ import annotations
@@ -31,13 +36,23 @@ _CONTAINERS = (nn.ModuleList, nn.ModuleDict)
 container cannot be a unit; its elements are."""
 
 
+def gather_dtype(amp: bool) -> torch.dtype | None:
+    """What a sharded module's weights are gathered in: bf16 where autocast computes in bf16,
+    so the all-gathers and the gathered units take half the bytes of fp32 and autocast makes
+    no bf16 copy of each weight to keep for the backward (mosaic.sharding counts both); as
+    stored (None) otherwise."""
+    return torch.bfloat16 if amp else None
+
+
 def shard_module(module: nn.Module, group: Any, device: torch.device, *, divide_by: int = 1,
+                 param_dtype: torch.dtype | None = None,
                  reduce_dtype: torch.dtype = torch.float32) -> list[nn.Parameter]:
     """Shard `module` in place over the GPUs of `group` (its parameters become DTensor shards:
-    build the optimizer after this; the module is now also an FSDPModule). Returns the
-    parameters left whole on every GPU, whose gradients the caller must all-reduce: the
-    scalars (a contrastive head's temperature), which fully_shard cannot shard."""
-    policy = MixedPrecisionPolicy(reduce_dtype=reduce_dtype)  # weights stay fp32 (autocast)
+    build the optimizer after this; the module is now also an FSDPModule), its weights
+    gathered in `param_dtype` (None: as stored; `gather_dtype`). Returns the parameters left
+    whole on every GPU, whose gradients the caller must all-reduce: the scalars (a
+    contrastive head's temperature), which fully_shard cannot shard."""
+    policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
     return shard_modules(module, [module], DeviceMesh.from_group(group, device.type), policy,
                          divide_by)
 

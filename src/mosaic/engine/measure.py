@@ -47,6 +47,7 @@ from torch import nn
 
 from mosaic.engine.bf16_optimizer import bf16_optimizer
 from mosaic.engine.compile import CompileReport, compile_fn, compile_modules
+from mosaic.engine.fsdp import gather_dtype
 from mosaic.engine.main_weights import (
     STEPS_BEFORE_CAPTURE,
     bf16_weights_refusal,
@@ -803,9 +804,13 @@ def _kernel_class(c: _Contender) -> str:
     """bf16 weights compile other kernels than fp32 weights under autocast (no weight casts,
     other fusions), so their gradients differ from an fp32 contender's as much as compiled
     ones from eager ones (Qwen3-VL `small` b8 on the H200: 0.019 and 0.020 per module; fp32
-    compiled plans from each other 0.0007). The FSDP2 user program computes with bf16 weights
-    too (its weights are gathered in bf16 on CUDA)."""
-    bf16 = ((c.session is not None and c.session.config.bf16_weights)  # alike on every rank
+    compiled plans from each other 0.0007). The FSDP2 user program, and a plan that shards
+    a module under autocast, compute with bf16 weights too (gathered in bf16:
+    fsdp.gather_dtype); the whole plan's gradients then get the looser tolerance."""
+    session = c.session
+    bf16 = ((session is not None and session.config.bf16_weights)  # alike on every rank
+            or (session is not None and session.plan.sharded_modules()
+                and gather_dtype(session.runner.amp) == torch.bfloat16)
             or (c.program is not None and c.program.param_dtype == torch.bfloat16))
     return "bf16 weights" if bf16 else "fp32 weights"
 

@@ -30,7 +30,8 @@ all-gathers and reduce-scatters run in its own forward / backward hooks, so such
 gets no DDP and no hand all-reduce and is never CUDA-graphed. Its compiled view is traced
 anew after sharding (compile.CompiledModule.traced_anew), as torchtitan compiles after
 `fully_shard`: compiled by blocks, each layer unit's forward is one compiled graph and
-FSDP's hooks run between them, outside the compiled code.
+FSDP's hooks run between them, outside the compiled code. Under autocast its weights are
+gathered in bf16 (fsdp.gather_dtype).
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ from mosaic.engine.comm import (
 )
 from mosaic.engine.compile import blockwise_view, repeated_block_lists, traced_anew
 from mosaic.engine.ddp import wrap_ddp
-from mosaic.engine.fsdp import shard_module
+from mosaic.engine.fsdp import gather_dtype, shard_module
 from mosaic.engine.gate_slot import slotted
 from mosaic.engine.graphed import InGraphGradModule, fresh_cublas_workspaces
 from mosaic.engine.tensor_parallel import local_tensor
@@ -267,12 +268,12 @@ class PlanRunner:
             if t > 1 and self.global_batch[m]:
                 raise EngineError(f"module {m!r} needs the global batch (contrastive loss) and "
                                   f"is placed with tensor_parallel={t}; use tensor_parallel=1")
-        self.sharded = self._shard_modules()
-        """Modules whose states FSDP2 shards: see "Sharded states" in the module doc."""
-        views = traced_anew(views or {}, self.sharded)
         amp = self.cuda if self.config.amp is None else self.config.amp
         self.amp = amp
         """Whether the modules run under bf16 autocast (evaluation runs them so too)."""
+        self.sharded = self._shard_modules()
+        """Modules whose states FSDP2 shards: see "Sharded states" in the module doc."""
+        views = traced_anew(views or {}, self.sharded)
         self.micro_batches = plan.micro_batches
         self._check_micro_batches()
         self._homes = {m: gradient_home(
@@ -331,7 +332,8 @@ class PlanRunner:
             divide_by = placement.dp_degree if self.global_batch[m] else 1
             self._whole_params[m] = shard_module(
                 self.modules[m], self.comm.group(placement.gpus), self.device,
-                divide_by=divide_by, reduce_dtype=REDUCE_DTYPES[self.config.reduce_dtype])
+                divide_by=divide_by, param_dtype=gather_dtype(self.amp),
+                reduce_dtype=REDUCE_DTYPES[self.config.reduce_dtype])
             sharded.add(m)
         return sharded
 

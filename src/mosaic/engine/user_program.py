@@ -52,7 +52,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule
 
 from mosaic.engine.compile import MOSAIC_MODES, mode_options
-from mosaic.engine.fsdp import shard_program
+from mosaic.engine.fsdp import gather_dtype, shard_program
 from mosaic.errors import MosaicError
 from mosaic.graph import MMGraph
 
@@ -181,7 +181,7 @@ class UserProgram:
             _check_sharding(compile_mode, self.world_size)
         cuda = self.device.type == "cuda"
         self.amp = cuda if amp is None else amp
-        self.param_dtype = torch.bfloat16 if shard_states and self.amp else None
+        self.param_dtype = gather_dtype(self.amp) if shard_states else None
         """The dtype FSDP2 gathers the weights in for compute (None: as stored, fp32)."""
         self.program = GraphProgram(graph, modules, dict(modules), self.amp, self.device.type)
         self.model: nn.Module = self.program

@@ -184,11 +184,13 @@ class PerfModel(ABC):
 
     def sharded_sync_s(self, module: ModuleSpec, gpus: Sequence[int]) -> float:
         """A sharded module's communication per step, in place of its gradient all-reduce:
-        its weights all-gathered in forward and again in backward, its gradients
-        reduce-scattered (mosaic.sharding). Counted after the stage's compute, as the
-        all-reduce is: FSDP overlaps part of it with compute, so this errs long."""
+        its bf16 weights all-gathered in forward and again in backward, its gradients
+        reduce-scattered in the reduce dtype (mosaic.sharding). Counted after the stage's
+        compute, as the all-reduce is: FSDP overlaps part of it with compute, so this errs
+        long."""
         gather_s = self.collective_s("all_gather", sharding.all_gather_bytes(module), gpus)
-        scatter_s = self.collective_s("reduce_scatter", sharding.reduce_scatter_bytes(module), gpus)
+        scatter_s = self.collective_s(
+            "reduce_scatter", sharding.reduce_scatter_bytes(module, self.grad_wire_bytes), gpus)
         return sharding.PARAM_ALL_GATHERS * gather_s + scatter_s
 
     def transfer_s(self, num_bytes: float, src_gpus: Sequence[int], dst_gpus: Sequence[int]) -> float:

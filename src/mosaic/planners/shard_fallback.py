@@ -21,7 +21,7 @@ from mosaic.planners.common import SearchSpace, check_modules_fit
 
 def shard_order(space: SearchSpace) -> list[str]:
     """Modules worth sharding, most memory saved first: data-parallel without TP, and saving
-    memory on their largest block (a one-layer module saves nothing at DP 2)."""
+    memory on their largest block (a one-layer module saves only its autocast copies at DP 2)."""
     gains = []
     for name in space.graph.names:
         size = space.sizes_of(name)[-1]

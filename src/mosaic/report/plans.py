@@ -41,7 +41,7 @@ def plans_summary(plans: list[Plan], graph: MMGraph, perf: PerfModel, files: dic
                                     if reference else None),
             "num_stages": len(plan.stages),
             "sharing": [s.sharing for s in plan.stages],
-            "sharded": sorted(p.module for s in plan.stages for p in s.placements if p.shard),
+            "sharded": plan.sharded_modules(),
             "plan_file": str(files[plan.planner]),
         })
     return {
