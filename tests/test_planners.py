@@ -238,7 +238,14 @@ def test_synthetic_graphs_are_seeded_and_ofasys_like():
 def test_mosaic_fits_a_model_whose_modules_cannot_all_share_every_gpu():
     """Seed 86: all modules on all 32 GPUs (megatron, and mosaic's unconstrained optimum)
     overflow; per-stage memory caps find a plan that fits, faster than megatron's, which fits
-    only with the LLM's and the audio encoder's states sharded."""
+    only with the LLM's and the audio encoder's states sharded. Spindle's sharded plan comes
+    within 1% of it (FSDP's gathers hide under the compute), so the planner keeps that
+    baseline (never_slower_than_baselines' min_gain)."""
+    import time
+
+    from mosaic.planners.common import SearchSpace
+    from mosaic.planners.mosaic import MosaicPlannerConfig, search_plan
+
     graph = synthetic_graph(20, 86, num_gpus=32)
     cluster = make_cluster(32)
     perf = AnalyticModel(cluster)
@@ -250,10 +257,15 @@ def test_mosaic_fits_a_model_whose_modules_cannot_all_share_every_gpu():
         for s in megatron.to_dict()["stages"]]})
     with pytest.raises(PlanError, match="GiB"):
         whole.validate(graph, cluster)
+    capped = search_plan(SearchSpace(graph, cluster, perf), MosaicPlannerConfig(),
+                         time.perf_counter())
+    check_plan(capped, graph, cluster, perf)
+    assert capped.meta["chosen_from"].startswith("mosaic-memory-capped")
+    assert not capped.sharded_modules()
+    assert capped.predicted_iteration_s < megatron.predicted_iteration_s
     plan = plan_mosaic(graph, cluster, perf)
     check_plan(plan, graph, cluster, perf)
-    assert plan.meta["chosen_from"].startswith("mosaic-memory-capped")
-    assert plan.predicted_iteration_s < megatron.predicted_iteration_s
+    assert plan.predicted_iteration_s <= capped.predicted_iteration_s * 1.01
 
 
 def test_ablation_planners_stay_in_their_plan_space():

@@ -96,13 +96,34 @@ def test_sharded_sync_is_two_bf16_all_gathers_and_a_reduce_scatter():
     gather = perf.collective_s("all_gather", 2.0 * llm.num_params, gpus)  # bf16 weights
     scatter = perf.collective_s("reduce_scatter", 4.0 * llm.num_params, gpus)  # fp32 gradients
     assert gather > 0 and scatter > 0
-    assert perf.stage_allreduce_s(plan.stages[1], graph) == pytest.approx(2 * gather + scatter)
+    assert perf.sharded_sync_s(llm, gpus) == pytest.approx(2 * gather + scatter)
     ring = perf.allreduce_s(4.0 * llm.num_params, gpus)  # = reduce-scatter + all-gather
     assert perf.stage_allreduce_s(unsharded(plan).stages[1], graph) == pytest.approx(ring)
     assert 2 * gather + scatter == pytest.approx(ring, rel=0.01)  # as the fp32 all-reduce
     perf.grad_wire_bytes = 2.0  # reduce_dtype=bf16: the reduce-scatter halves too
-    assert perf.stage_allreduce_s(plan.stages[1], graph) == pytest.approx(2 * gather + scatter / 2,
-                                                                          rel=1e-3)
+    assert perf.sharded_sync_s(llm, gpus) == pytest.approx(2 * gather + scatter / 2, rel=1e-3)
+
+
+def test_fsdp_hides_its_gathers_and_reduce_scatter_under_the_units_compute_but_one_units():
+    """Forward: each unit's gather beside the unit before's compute; backward: its gather
+    and reduce-scatter beside the next one's. Of 41 units (40 layers and the module's own),
+    the step waits for one unit's share where the compute is longer, for the excess where
+    the communication is; a module without layers hides nothing."""
+    graph, cluster = big_llm_graph(batch=16), make_cluster(2)
+    perf = AnalyticModel(cluster)
+    llm, gpus = graph.module("llm"), (0, 1)
+    gather, scatter = perf.sharded_collectives_s(llm, gpus)
+    compute = perf.module_time_s(llm, 8, 1.0)
+    forward, backward = compute / 3, 2 * compute / 3
+    assert forward > gather and backward > gather + scatter  # compute-bound at 8 a GPU
+    exposed = perf.exposed_sharded_sync_s(llm, 8, 1.0, gpus)
+    assert exposed == pytest.approx((2 * gather + scatter) / 41)
+    plan = two_stage_plan(graph, shard_llm=True)
+    assert perf.stage_allreduce_s(plan.stages[1], graph) == pytest.approx(exposed)
+    assert perf.exposed_sharded_sync_s(llm, 1, 1.0, gpus) > (2 * gather + scatter) / 41
+    one_unit = replace(llm, num_layers=1)
+    assert perf.exposed_sharded_sync_s(one_unit, 8, 1.0, gpus) == pytest.approx(
+        perf.sharded_sync_s(one_unit, gpus))
 
 
 def test_profiled_model_costs_sharding_on_its_measured_curves_and_steps_a_shard():

@@ -18,7 +18,8 @@ result is a timeline (Chrome trace), per-GPU busy time and the iteration time:
   `overlap=True` a group's all-reduce starts when its own GPUs are done, overlapping slower
   groups' compute, and the next stage starts on each GPU once every group is reduced (what
   DDP on separate process groups can do; the model does not count this saving). An engine
-  that sums during the backward (grad_sync='overlapped') exposes only what outlasts it
+  that sums during the backward (grad_sync='overlapped'), and FSDP2's gathers and
+  reduce-scatter beside the compute (sharded placements), expose only what outlasts it
   (`PerfModel.exposed_allreduce_s`): its event ends that long after the compute.
 - activations: an edge whose ends sit on different GPU sets moves its activations and, in
   backward, their gradients: two transfers after the producer's stage (the model times a
@@ -127,8 +128,8 @@ class _Sim:
             if ar > 0:
                 what = ("all-gather + reduce-scatter" if p.shard else "allreduce"
                         if exposed >= ar else "allreduce during backward")
-                for g in p.gpus:  # a sum during the backward began before its end
-                    self.emit(f"{p.module} {what}", index, g, start + exposed - ar,
+                for g in p.gpus:  # one beside the compute began before its end
+                    self.emit(f"{p.module} {what}", index, g, max(t0, start + exposed - ar),
                               start + exposed, 1.0, "allreduce")
             end = max(end, start + exposed)
         return end

@@ -39,6 +39,15 @@ BACKWARD_SHARE = 2 / 3
 backward (the input's gradient and the weight's)."""
 
 
+def outlasting_s(comm_s: float, compute_s: float, pieces: int) -> float:
+    """Of `comm_s` of communication in `pieces` equal parts, each running beside `compute_s`
+    of compute that produces (or waits for) the parts evenly, one part at a time: what outlasts
+    the compute. The last part ends at max(compute + comm/n, compute/n + comm), so
+    max(comm/n, comm - compute (n-1)/n) is exposed."""
+    n = max(1, pieces)
+    return max(comm_s / n, comm_s - compute_s * (n - 1) / n)
+
+
 class PerfModelError(MosaicError):
     """A performance model that cannot be made as asked (unknown name, unusable inputs)."""
 
@@ -185,13 +194,17 @@ class PerfModel(ABC):
     def sharded_sync_s(self, module: ModuleSpec, gpus: Sequence[int]) -> float:
         """A sharded module's communication per step, in place of its gradient all-reduce:
         its bf16 weights all-gathered in forward and again in backward, its gradients
-        reduce-scattered in the reduce dtype (mosaic.sharding). Counted after the stage's
-        compute, as the all-reduce is: FSDP overlaps part of it with compute, so this errs
-        long."""
+        reduce-scattered in the reduce dtype (mosaic.sharding); all of it, of which the step
+        waits for `exposed_sharded_sync_s`."""
+        gather_s, scatter_s = self.sharded_collectives_s(module, gpus)
+        return sharding.PARAM_ALL_GATHERS * gather_s + scatter_s
+
+    def sharded_collectives_s(self, module: ModuleSpec, gpus: Sequence[int]) -> tuple[float, float]:
+        """(one all-gather of the module's weights, its gradients' reduce-scatter), seconds."""
         gather_s = self.collective_s("all_gather", sharding.all_gather_bytes(module), gpus)
         scatter_s = self.collective_s(
             "reduce_scatter", sharding.reduce_scatter_bytes(module, self.grad_wire_bytes), gpus)
-        return sharding.PARAM_ALL_GATHERS * gather_s + scatter_s
+        return gather_s, scatter_s
 
     def transfer_s(self, num_bytes: float, src_gpus: Sequence[int], dst_gpus: Sequence[int]) -> float:
         """Moving a whole batch's activations from one GPU set to another (zero if same set).
@@ -233,9 +246,12 @@ class PerfModel(ABC):
         module's backward, or (plain data-parallel placements whose backward runs alone on
         their GPUs in `stage`: a temporal stage, or no other placement there) `exposed_sum_s`,
         as the engine sums only those during the backward."""
+        if p.shard:
+            return self.exposed_sharded_sync_s(module, graph.global_batch // p.dp_degree,
+                                               p.sm_share, p.gpus)
         total = self.placement_allreduce_s(module, p)
         beside = stage is not None and not stage.runs_alone(p.module)
-        if p.shard or p.tensor_parallel > 1 or beside:
+        if p.tensor_parallel > 1 or beside:
             return total
         return self.exposed_sum_s(module, graph.global_batch // p.dp_degree, p.sm_share, total)
 
@@ -252,8 +268,25 @@ class PerfModel(ABC):
             return total_s
         backward = BACKWARD_SHARE * self.module_time_s(module, per_gpu_batch, sm_share)
         buffer_bytes = GRAD_BYTES_PER_PARAM * module.num_params - 2 * module.stored_bf16_params
-        n = max(1, math.ceil(buffer_bytes / IN_BACKWARD_BUCKET_BYTES))
-        return max(total_s / n, total_s - backward * (n - 1) / n)
+        return outlasting_s(total_s, backward,
+                            math.ceil(buffer_bytes / IN_BACKWARD_BUCKET_BYTES))
+
+    def exposed_sharded_sync_s(self, module: ModuleSpec, per_gpu_batch: int, sm_share: float,
+                               gpus: Sequence[int]) -> float:
+        """What the step waits for of a sharded module's all-gathers and reduce-scatter
+        (`sharded_sync_s`): FSDP2 gathers each unit (a layer, or the module's own parameters)
+        on its own streams while the unit before it computes, in the forward and again in the
+        backward, where it also reduce-scatters each unit's gradients as the next computes.
+        So in each pass the units' communication outlasts the pass's compute only by
+        `outlasting_s` over the units (a module without layers is one unit: none hidden).
+        The collectives' slowing of the compute kernels is not counted, nor the gathers
+        repeated by accumulating micro-steps."""
+        gather_s, scatter_s = self.sharded_collectives_s(module, gpus)
+        units = module.num_layers + 1 if module.num_layers > 1 else 1
+        compute = self.module_time_s(module, per_gpu_batch, sm_share)
+        backward = BACKWARD_SHARE * compute
+        return (outlasting_s(gather_s, compute - backward, units)
+                + outlasting_s(gather_s + scatter_s, backward, units))
 
     def stage_time_s(self, stage: Stage, graph: MMGraph) -> float:
         return self.stage_compute_s(stage, graph) + self.stage_allreduce_s(stage, graph)

@@ -185,12 +185,12 @@ class SearchSpace:
     def allreduce_s(self, name: str, size: int, alone: bool = True) -> float:
         """Gradient all-reduce over a block placed inside as few nodes as it needs (a TP
         module's: each shard's gradients over the GPUs holding it, one per replica; a sharded
-        module's all-gathers and reduce-scatter instead: PerfModel.sharded_sync_s). `alone`:
+        module's all-gathers and reduce-scatter instead: PerfModel.exposed_sharded_sync_s). `alone`:
         no other module's backward runs beside this one's (a temporal block, or a block of
         one), so an engine summing during the backward hides what it can (`_exposed`)."""
-        if self.shards(name, size):
-            return self._memo(("sharded", name, size), lambda: self.perf.sharded_sync_s(
-                self.specs[name], tuple(range(size))))
+        if self.shards(name, size):  # on the whole GPU: the least it can hide under
+            return self._memo(("sharded", name, size), lambda: self.perf.exposed_sharded_sync_s(
+                self.specs[name], self.batch_of(name, size), 1.0, tuple(range(size))))
         t = self.tp_of(name)
         num_bytes = self.specs[name].num_params / t * self.perf.grad_wire_bytes
         return self._memo(("ar", name, size, alone), lambda: self._exposed(
