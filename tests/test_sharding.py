@@ -141,6 +141,22 @@ def test_profiled_model_costs_sharding_on_its_measured_curves_and_steps_a_shard(
         perf.optimizer_step_s(params))
 
 
+def test_the_profiled_model_takes_off_the_casts_a_bf16_gather_skips():
+    """Its surfaces hold autocast's forward cast of every fp32 weight; a sharded module
+    gathered in bf16 casts only its own shard: 6 bytes over the other half of the LLM."""
+    from mosaic.perf.base import PerfModel
+    from mosaic.perf.profiled import GATHER_CAST_SAVED_BYTES
+
+    graph, cluster = big_llm_graph(), make_cluster(2)
+    perf = make_perf_model("profiled", cluster)
+    plan = two_stage_plan(graph, shard_llm=True)
+    saving = perf.memory_pass_s(graph.module("llm").num_params / 2, GATHER_CAST_SAVED_BYTES)
+    assert perf.gathered_bf16_saving_s(plan, graph) == pytest.approx(saving)
+    assert perf.composed_time_s(plan, graph) == pytest.approx(
+        PerfModel.iteration_time_s(perf, plan, graph) - saving)
+    assert perf.gathered_bf16_saving_s(unsharded(plan), graph) == 0.0
+
+
 # --- planners --------------------------------------------------------------------------------
 @pytest.mark.parametrize("name", ["megatron", "distmm", "spindle", "mosaic"])
 def test_planners_shard_a_module_that_fits_only_sharded(name):

@@ -245,7 +245,8 @@ class PerfModel(ABC):
         """What the step waits for of a placed module's gradient sync: all of it after the
         module's backward, or (plain data-parallel placements whose backward runs alone on
         their GPUs in `stage`: a temporal stage, or no other placement there) `exposed_sum_s`,
-        as the engine sums only those during the backward."""
+        as the engine sums only those during the backward; a sharded placement's
+        `exposed_sharded_sync_s`, wherever it runs (FSDP2 keeps streams of its own)."""
         if p.shard:
             return self.exposed_sharded_sync_s(module, graph.global_batch // p.dp_degree,
                                                p.sm_share, p.gpus)

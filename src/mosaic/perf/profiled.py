@@ -666,6 +666,11 @@ write 4 + 2; main_weights.MicroStepGradients)."""
 BF16_MOMENTS_SAVED_BYTES = 8.0
 """The update with bf16 moments reads and writes each of the two in 2 bytes, not 4: what a
 module without a measured bf16-moment update is priced to save, at the optimizer's bandwidth."""
+GATHER_CAST_SAVED_BYTES = 6.0
+"""A sharded module gathered in bf16 (engine.fsdp.gather_dtype) skips autocast's forward cast
+of each gathered weight (read 4 bytes, write 2); FSDP2 casts the GPU's own 1/d shard instead.
+Its gradients are cast to fp32 either way (by autocast's backward, or FSDP's copy for the
+reduce-scatter)."""
 MAIN_WEIGHT_SAVED_BYTES = 6.0
 """The update without main weights neither reads nor writes a 4-byte fp32 copy but reads the
 2-byte bf16 weight it writes (10 bytes a parameter become 4): what a module without a measured
@@ -838,10 +843,11 @@ class ProfiledModel(PerfModel):
         a bf16 gradient, writes a bf16 weight). Accumulated, every micro-step skips the casts
         and adds bf16 gradients (BF16_ADD_BYTES) where fp32 weights add fp32 ones
         (ACCUMULATE_BYTES_PER_PARAM), and all but the last fold theirs into fp32 sums. With
-        bf16 moments, less what they save (bf16_moments_saving_s)."""
+        bf16 moments, less what they save (bf16_moments_saving_s). With fp32 weights, less
+        the casts a sharded module's bf16 gather skips (gathered_bf16_saving_s)."""
         composed = super().iteration_time_s(plan, graph)
         if not bf16_weights(self.engine):
-            return composed
+            return composed - self.gathered_bf16_saving_s(plan, graph)
         if per_weight_update(self.engine):
             composed += self.per_weight_extra_s(plan, graph)
         n = self.accumulation
@@ -854,6 +860,23 @@ class ProfiledModel(PerfModel):
         if no_main_weights(self.engine):
             composed -= self.no_main_saving_s(plan, graph)
         return composed
+
+    def gathered_bf16_saving_s(self, plan: Plan, graph: MMGraph) -> float:
+        """Per stage, the most that one GPU saves of the forward casts its sharded modules'
+        bf16 gathers skip (GATHER_CAST_SAVED_BYTES over the (1 - 1/d) of each module's
+        weights that are not the GPU's own shard), each micro-step: the surfaces were
+        measured with fp32 weights under autocast, casts included."""
+        saving = 0.0
+        for stage in plan.stages:
+            by_gpu: dict[int, float] = {}
+            for p in stage.placements:
+                if p.shard:
+                    skipped = graph.module(p.module).num_params * (1 - 1 / p.dp_degree)
+                    for g in p.gpus:
+                        by_gpu[g] = by_gpu.get(g, 0.0) + skipped
+            if by_gpu:
+                saving += self.memory_pass_s(max(by_gpu.values()), GATHER_CAST_SAVED_BYTES)
+        return self.accumulation * saving
 
     def bf16_moments_saving_s(self, plan: Plan, graph: MMGraph) -> float:
         """What bf16 moments save the flat update on the GPU holding the most parameters: each
