@@ -72,9 +72,9 @@ class MosaicPlannerConfig:
     tensor_parallel: str = "needed"
     """'needed': tensor parallelism only for a module that fits no GPU without it (as every
     planner); 'faster': also search with each TP-able module at the degree under which it alone
-    is fastest, keeping the faster plan (planner `mosaic-tp`). Not the default: the engine runs
-    TP modules eagerly (no compile, no CUDA graphs), which the TP cost model does not price,
-    `mosaic bench` does not run TP plans yet, and TP is not measured on a GPU yet."""
+    is fastest, keeping the faster plan (planner `mosaic-tp`). Not the default: the engine
+    compiles TP modules but does not capture them as CUDA graphs (their collectives), which
+    the TP cost model does not price, and TP is not measured on a GPU yet."""
 
     def __post_init__(self) -> None:
         if self.tensor_parallel not in ("needed", "faster"):
