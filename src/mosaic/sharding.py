@@ -45,6 +45,12 @@ PARAM_ALL_GATHERS = 2
 """Weights are all-gathered in forward and again in backward (reshard after forward)."""
 
 
+def units(spec: ModuleSpec) -> int:
+    """FSDP2 units the engine shards the module into: one a layer and one for the rest (a
+    module without layers is one unit)."""
+    return spec.num_layers + 1 if spec.num_layers > 1 else 1
+
+
 def working_set_bytes(spec: ModuleSpec) -> float:
     """Bytes of whole (all-gathered) weights and their unreduced gradients at the peak."""
     units = min(1.0, LIVE_UNITS / max(1, spec.num_layers))

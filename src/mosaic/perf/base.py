@@ -283,7 +283,7 @@ class PerfModel(ABC):
         The collectives' slowing of the compute kernels is not counted, nor the gathers
         repeated by accumulating micro-steps."""
         gather_s, scatter_s = self.sharded_collectives_s(module, gpus)
-        units = module.num_layers + 1 if module.num_layers > 1 else 1
+        units = sharding.units(module)
         compute = self.module_time_s(module, per_gpu_batch, sm_share)
         backward = BACKWARD_SHARE * compute
         return (outlasting_s(gather_s, compute - backward, units)
