@@ -329,10 +329,9 @@ class PlanRunner:
             placement = self.plan.placement(m)
             if not placement.shard:
                 continue
-            divide_by = placement.dp_degree if self.global_batch[m] else 1
             self._whole_params[m] = shard_module(
                 self.modules[m], self.comm.group(placement.gpus), self.device,
-                divide_by=divide_by, param_dtype=gather_dtype(self.amp),
+                divide_by=self._divide_by(m), param_dtype=gather_dtype(self.amp),
                 reduce_dtype=REDUCE_DTYPES[self.config.reduce_dtype])
             sharded.add(m)
         return sharded
@@ -361,8 +360,7 @@ class PlanRunner:
             callable_ = self._callables[m][0]
             unused = [n for n, p in callable_.named_parameters() if p.grad is None]
             DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(callable_, unused)
-            divide_by = placement.dp_degree if self.global_batch[m] else 1
-            wrapped[m] = wrap_ddp(callable_, group, self.device, divide_by=divide_by,
+            wrapped[m] = wrap_ddp(callable_, group, self.device, divide_by=self._divide_by(m),
                                   reduce_dtype=REDUCE_DTYPES[self.config.reduce_dtype],
                                   bucket_view=self.config.bucket_view)
         return wrapped
@@ -614,8 +612,7 @@ class PlanRunner:
         for m in self.stage_modules[t]:
             if m in self._ddp or not st.sync:
                 continue  # DDP reduced them during backward
-            placement = self.plan.placement(m)
-            divide_by = placement.dp_degree if self.global_batch[m] else 1
+            divide_by = self._divide_by(m)
             if self._homes[m].reduce_in_backward:  # graphed: the backward graph summed them
                 self._reducing += summing[m].finish() if m in summing else []
                 continue
@@ -644,11 +641,16 @@ class PlanRunner:
                 started[m].start()
         return started
 
+    def _divide_by(self, m: str) -> int:
+        """What a summed gradient of module m is divided by: its DP degree where each replica
+        computes the whole batch's gradient (a contrastive head needing the global batch),
+        else 1 (the losses are scaled so that gradients sum; module doc)."""
+        return self.plan.placement(m).dp_degree if self.global_batch[m] else 1
+
     def _in_backward_sum(self, m: str) -> InBackwardReduce:
         if m not in self._in_backward:
-            divide_by = self.plan.placement(m).dp_degree if self.global_batch[m] else 1
             self._in_backward[m] = InBackwardReduce(
-                self._flat_grads(m), self.comm.group(self._grad_group(m)), divide_by=divide_by,
+                self._flat_grads(m), self.comm.group(self._grad_group(m)), divide_by=self._divide_by(m),
                 wire_dtype=REDUCE_DTYPES[self.config.reduce_dtype])
         return self._in_backward[m]
 
