@@ -16,6 +16,9 @@
 # in a group of its own first (`--user-rounds alone`: it and a plan do not fit together), the
 # reference both plans are checked against. If the run runs out of time, run it again with
 # USERS="" and then PLANNERS=megatron, each a call of its own.
+# BATCH (default: the preset's, 2) runs both plans at another global batch: at 16 the planners
+# predict the sharded LLM faster than the TP one (255.7 against 277.3 ms, `mosaic plan
+# qwen3-vl --preset paper --gpus 2 --batch 16 --perf-model profiled`), at 2 the TP one.
 set -u
 OUT=${1:?usage: qwen3vl_paper_tp_vs_fsdp_h200x2.sh OUT}
 USERS=${USERS-torch-compile-fsdp}
@@ -23,10 +26,10 @@ PLANNERS=${PLANNERS:-megatron,mosaic}
 mkdir -p "$OUT" /tmp/logs
 export PYTHONPATH=src NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
 timeout -k 10 "${LIMIT:-580}" torchrun --standalone --nproc-per-node 2 -m mosaic bench qwen3-vl \
-  --gpus 2 --preset paper --perf-model profiled \
+  --gpus 2 --preset paper ${BATCH:+--batch "$BATCH"} --perf-model profiled \
   --plans benchmarks/plans/h200-paper-compiled/qwen3-vl-2gpu --planners "$PLANNERS" \
   --plans-at-once 1 --compile-scope blocks --user-programs "$USERS" --user-rounds alone \
-  --rounds 3 --out /tmp/q2 --json > "$OUT/bench_qwen3-vl_paper_2gpu_tp_vs_fsdp.json" \
+  --rounds 3 --out /tmp/q2 --json > "$OUT/bench_qwen3-vl_paper_2gpu${BATCH:+_b$BATCH}_tp_vs_fsdp.json" \
   2> /tmp/logs/bench_q2.err
 echo "qwen3-vl paper 2gpu rc=$?"; grep "^mosaic bench" /tmp/logs/bench_q2.err | tail -n 4
 tar czf "$OUT/logs.tar.gz" -C /tmp logs

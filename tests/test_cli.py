@@ -50,6 +50,20 @@ def test_plan_every_zoo_model_on_8_gpus(model, tmp_path):
     assert mosaic_time <= best_baseline * (1 + 1e-9)
 
 
+def test_plan_says_how_a_module_too_big_for_a_gpu_was_fit(tmp_path):
+    result = mosaic("plan", "qwen3-vl", "--preset", "paper", "--gpus", "2", "--batch", "16",
+                    "--perf-model", "profiled", "--out", str(tmp_path), "--json")
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout)
+    notes = {n.split(":")[0]: n for n in summary["notes"] if " fit a GPU " in n}
+    assert notes.keys() == {p["planner"] for p in summary["plans"]}
+    for plan in summary["plans"]:
+        assert plan["sharded"] == ["llm"]
+        assert (f"llm fit a GPU with states sharded (FSDP2), predicted "
+                f"{plan['predicted_iteration_s'] * 1e3:.2f} ms; split by tensor parallelism "
+                "instead: predicted") in notes[plan["planner"]]
+
+
 def test_unknown_model_is_one_line():
     one_line_error(mosaic("plan", "gpt-17", "--gpus", "8"), "gpt-17")
 

@@ -172,6 +172,51 @@ def test_mosaic_tp_uses_tp_where_it_is_predicted_faster():
     assert tp_plan_.predicted_iteration_s < min(p.predicted_iteration_s for p in plans.values())
 
 
+@pytest.mark.parametrize("batch, chosen", [(2, "tensor_parallel"), (16, "sharded")])
+def test_planners_fit_a_module_by_tp_or_sharded_states_whichever_is_predicted_faster(batch, chosen):
+    from mosaic.perf import make_perf_model
+    from mosaic.planners import plan_all
+    from mosaic.planners.megatron import _plan_in
+    from mosaic.planners.shard_fallback import plan_sharding_if_needed
+
+    # Qwen3-VL's LLM fits no H200 whole. TP's all-reduces grow with the batch and FSDP's
+    # gathers do not: at batch 2 TP is predicted faster, at 16 sharding.
+    graph = get_model("qwen3-vl").graph("paper", global_batch=batch)
+    cluster = make_cluster(2)
+    perf = make_perf_model("profiled", cluster, preset="paper")
+    split = plan_sharding_if_needed(SearchSpace(graph, cluster, perf), _plan_in)
+    sharded_space = SearchSpace(graph, cluster, perf, tensor_parallel={})
+    sharded_space.set_sharded({"llm"})
+    sharded = plan_sharding_if_needed(sharded_space, _plan_in)
+    assert split.placement("llm").tensor_parallel == 2 and not split.placement("llm").shard
+    assert sharded.placement("llm").tensor_parallel == 1 and sharded.placement("llm").shard
+    faster = min((split, sharded), key=lambda p: p.predicted_iteration_s)
+    assert faster is (split if chosen == "tensor_parallel" else sharded)
+    for plan in plan_all(graph, cluster, perf):
+        note = plan.meta["split_by"]
+        assert note["chose"] == chosen and note["modules"] == ["llm"], plan.planner
+        assert note[chosen] == pytest.approx(plan.predicted_iteration_s * 1e3, abs=1e-3)
+        other = note["sharded" if chosen == "tensor_parallel" else "tensor_parallel"]
+        assert other > note[chosen], plan.planner
+        assert (plan.placement("llm").tensor_parallel == 2) == (chosen == "tensor_parallel")
+        if plan.planner == "megatron":
+            assert plan.predicted_iteration_s == pytest.approx(faster.predicted_iteration_s)
+
+
+def test_a_module_that_sharding_cannot_fit_is_split_by_tp_alone():
+    from mosaic.planners import get_planner
+    from mosaic.planners.shard_fallback import splittable_by_sharding
+
+    graph = _llm_graph(batch=8, params_m=12_000.0)
+    cluster = make_cluster(8)
+    assert splittable_by_sharding(SearchSpace(graph, cluster, AnalyticModel(cluster))) == ["llm"]
+    one = replace(graph, global_batch=1)  # DP 1 only: nothing to shard over, TP 2 fits
+    space = SearchSpace(one, cluster, AnalyticModel(cluster))
+    assert space.tp == {"llm": 2} and splittable_by_sharding(space) == []
+    plan = get_planner("megatron")(one, cluster, AnalyticModel(cluster))
+    assert plan.placement("llm").tensor_parallel == 2 and "split_by" not in plan.meta
+
+
 # --- the engine: sample routes -----------------------------------------------------------------
 def test_every_gpu_of_a_tp_group_gets_its_replicas_samples_and_sends_gradients_once():
     n, src, dst = 12, (0, 1, 2), (4, 5, 0, 1)  # DP 3 producer -> TP 2 x DP 2 consumer

@@ -405,13 +405,32 @@ def _emit_plans(plans, graph, perf, out: Path, hardware: str, as_json: bool,
     files = write_plan_artifacts(plans, graph, perf, out)
     summary = plans_summary(plans, graph, perf, files, hardware=hardware)
     summary["coverage"] = _coverage(plans, graph, perf)
-    summary["notes"] = notes or []
+    summary["notes"] = [*_split_notes(plans), *(notes or [])]
     if as_json:
         typer.echo(json.dumps(summary, indent=2))
         return
     print_plan_table(summary)
     for note in summary["coverage"] + summary["notes"]:
         typer.echo(f"note: {note}")
+
+
+def _split_notes(plans) -> list[str]:
+    """How each planner fit the modules that fit no GPU whole: TP or sharded states, both
+    planned (planners.shard_fallback.plan_fitting), with each way's predicted step."""
+    ways = {"tensor_parallel": "split by tensor parallelism", "sharded": "with states sharded (FSDP2)"}
+
+    def predicted(found) -> str:
+        return f"predicted {found:.2f} ms" if isinstance(found, float) else "no plan fits"
+
+    notes = []
+    for plan in plans:
+        split = plan.meta.get("split_by")
+        if split:
+            other = next(w for w in ways if w != split["chose"])
+            notes.append(f"{plan.planner}: {', '.join(split['modules'])} fit a GPU "
+                         f"{ways[split['chose']]}, {predicted(split[split['chose']])}; "
+                         f"{ways[other]} instead: {predicted(split[other])}")
+    return notes
 
 
 def _coverage(plans, graph, perf) -> list[str]:

@@ -13,7 +13,7 @@ from mosaic.perf.base import PerfModel
 from mosaic.plan import Plan, PlanError
 from mosaic.planners.assembly import finish, fitting_plan
 from mosaic.planners.common import SearchSpace, StageChoice, check_modules_fit
-from mosaic.planners.shard_fallback import plan_sharding_if_needed
+from mosaic.planners.shard_fallback import plan_fitting
 from mosaic.planners.sizing import size_groups
 
 
@@ -46,7 +46,7 @@ def distmm_stages(space: SearchSpace) -> list[StageChoice]:
 
 
 def plan_distmm(graph: MMGraph, cluster: ClusterSpec, perf: PerfModel) -> Plan:
-    return plan_sharding_if_needed(SearchSpace(graph, cluster, perf), _plan_in)
+    return plan_fitting(SearchSpace(graph, cluster, perf), _plan_in)
 
 
 def _plan_in(space: SearchSpace) -> Plan:

@@ -8,7 +8,7 @@ from mosaic.perf.base import PerfModel
 from mosaic.plan import Plan
 from mosaic.planners.assembly import finish, fitting_plan
 from mosaic.planners.common import SearchSpace, check_modules_fit
-from mosaic.planners.shard_fallback import plan_sharding_if_needed
+from mosaic.planners.shard_fallback import plan_fitting
 from mosaic.planners.sizing import stage_of_singletons
 
 
@@ -20,7 +20,7 @@ def megatron_stages(space: SearchSpace) -> list:
 
 
 def plan_megatron(graph: MMGraph, cluster: ClusterSpec, perf: PerfModel) -> Plan:
-    return plan_sharding_if_needed(SearchSpace(graph, cluster, perf), _plan_in)
+    return plan_fitting(SearchSpace(graph, cluster, perf), _plan_in)
 
 
 def _plan_in(space: SearchSpace) -> Plan:

@@ -43,7 +43,7 @@ from mosaic.planners.common import (
 from mosaic.planners.distmm import distmm_stages
 from mosaic.planners.lower import StageSolver, symmetry_classes
 from mosaic.planners.megatron import megatron_stages
-from mosaic.planners.shard_fallback import plan_sharding_if_needed
+from mosaic.planners.shard_fallback import plan_fitting
 from mosaic.planners.spindle import spindle_stages
 
 
@@ -103,7 +103,7 @@ def plan_mosaic(graph: MMGraph, cluster: ClusterSpec, perf: PerfModel,
     config = config or MosaicPlannerConfig()
     start = time.perf_counter()
     space = SearchSpace(graph, cluster, perf, config.sm_step)
-    chosen = plan_sharding_if_needed(space, lambda s: search_plan(s, config, start))
+    chosen = plan_fitting(space, lambda s: search_plan(s, config, start))
     if config.tensor_parallel == "faster":
         chosen = with_faster_tensor_parallel(space, chosen, lambda s: search_plan(s, config, start))
     chosen = with_micro_batch_overlap(chosen, graph, cluster, perf, config.min_gain)

@@ -1,21 +1,28 @@
-"""Plans that fit only with sharded states (mosaic.sharding): when a planner finds no plan that
-fits memory, it plans again with the states of the module that gains most from sharding
-sharded, then of the two that gain most, and so on, until a plan fits.
+"""Plans that fit only with sharded states (mosaic.sharding) or split modules: when a planner
+finds no plan that fits memory, it plans again with the states of the module that gains most
+from sharding sharded, then of the two that gain most, and so on, until a plan fits.
 
 The mosaic planner and the baselines (megatron, distmm, spindle) all go through
-`plan_sharding_if_needed`, so they search the same space: unsharded while that fits, then the
-same growing sets of sharded modules (a Megatron-LM user would turn on its distributed
-optimizer just the same). A plan that fits without sharding never gets it: sharding only adds
-communication. Inside the search a sharded module is sharded at every DP degree where that
-saves memory (`SearchSpace.shards`) and stays whole on one GPU.
+`plan_fitting`, so they search the same space: unsharded while that fits, then the same growing
+sets of sharded modules (a Megatron-LM user would turn on its distributed optimizer just the
+same). A plan that fits without sharding never gets it: sharding only adds communication.
+Inside the search a sharded module is sharded at every DP degree where that saves memory
+(`SearchSpace.shards`) and stays whole on one GPU.
+
+A module that fits no GPU whole is split by tensor parallelism (`needed_tensor_parallel`), or,
+where sharding its states makes it fit, sharded instead: both add communication, TP's
+all-reduces in every layer's forward and backward, FSDP's gathers and reduce-scatter beside
+the compute, and which costs less depends on the batch (TP's grow with it, FSDP's do not), so
+`plan_fitting` plans both ways and keeps the plan predicted faster (TP on a tie).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 from mosaic import sharding
-from mosaic.plan import Plan, PlanError
+from mosaic.plan import Plan, PlanError, replica_bytes
 from mosaic.planners.common import SearchSpace, check_modules_fit
 
 
@@ -29,6 +36,18 @@ def shard_order(space: SearchSpace) -> list[str]:
         if space.tp_of(name) == 1 and saved > 0:
             gains.append((-saved, name))
     return [name for _, name in sorted(gains)]
+
+
+def _planned(space: SearchSpace, plan_in: Callable[[SearchSpace], Plan]) -> Plan | PlanError:
+    try:
+        return plan_sharding_if_needed(space, plan_in)
+    except PlanError as exc:
+        return exc
+
+
+def _note(found: Plan | PlanError) -> float | str:
+    """A way's predicted step in ms, or why it found nothing."""
+    return round(found.predicted_iteration_s * 1e3, 3) if isinstance(found, Plan) else str(found)
 
 
 def plan_sharding_if_needed(space: SearchSpace, plan_in: Callable[[SearchSpace], Plan]) -> Plan:
@@ -50,3 +69,42 @@ def plan_sharding_if_needed(space: SearchSpace, plan_in: Callable[[SearchSpace],
         except PlanError as exc:
             error = exc
     raise error
+
+
+def plan_fitting(space: SearchSpace, plan_in: Callable[[SearchSpace], Plan]) -> Plan:
+    """`plan_sharding_if_needed` with the space's TP degrees, and again with the modules that
+    have TP only to fit (`splittable_by_sharding`) sharded instead; the plan predicted faster
+    (meta `split_by`: each way's prediction, or why it found nothing), the space left as that
+    plan's. Raises the TP way's error if neither fits."""
+    instead = splittable_by_sharding(space)
+    if not instead:
+        return plan_sharding_if_needed(space, plan_in)
+    tensor_parallel, sharded = dict(space.tp), space.sharded
+    split = _planned(space, plan_in)
+    space.set_tensor_parallel({m: t for m, t in tensor_parallel.items() if m not in instead})
+    space.set_sharded(sharded | set(instead))
+    shard = _planned(space, plan_in)
+    notes = {"modules": instead, "tensor_parallel": _note(split), "sharded": _note(shard)}
+    if isinstance(shard, Plan) and (isinstance(split, PlanError) or
+                                    shard.predicted_iteration_s < split.predicted_iteration_s):
+        return replace(shard, meta={**shard.meta, "split_by": {**notes, "chose": "sharded"}})
+    space.set_tensor_parallel(tensor_parallel)
+    space.set_sharded(sharded)
+    if isinstance(split, PlanError):
+        raise split
+    return replace(split, meta={**split.meta, "split_by": {**notes, "chose": "tensor_parallel"}})
+
+
+def splittable_by_sharding(space: SearchSpace) -> list[str]:
+    """Modules searched with TP > 1 whose states sharding over their largest DP degree without
+    TP makes fit a GPU (`sharding.saves_memory` and within the block budget)."""
+    found = []
+    for name, _ in sorted(space.tp.items()):
+        spec = space.specs[name]
+        sizes = [k for k in range(2, space.num_gpus + 1) if space.graph.global_batch % k == 0]
+        if not sizes or not sharding.saves_memory(spec, sizes[-1]):
+            continue
+        need = replica_bytes(spec, space.graph.global_batch, sizes[-1], shard=True)
+        if need <= space.budget_bytes:
+            found.append(name)
+    return found

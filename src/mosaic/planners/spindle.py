@@ -17,7 +17,7 @@ from mosaic.perf.base import PerfModel
 from mosaic.plan import Plan
 from mosaic.planners.assembly import PlanCoster, finish, fitting_plan
 from mosaic.planners.common import INF, SearchSpace, StageChoice, check_modules_fit
-from mosaic.planners.shard_fallback import plan_sharding_if_needed
+from mosaic.planners.shard_fallback import plan_fitting
 from mosaic.planners.sizing import size_groups
 
 NUM_TARGETS = 24
@@ -83,7 +83,7 @@ def spindle_stages(space: SearchSpace) -> list[StageChoice]:
 
 
 def plan_spindle(graph: MMGraph, cluster: ClusterSpec, perf: PerfModel) -> Plan:
-    return plan_sharding_if_needed(SearchSpace(graph, cluster, perf), _plan_in)
+    return plan_fitting(SearchSpace(graph, cluster, perf), _plan_in)
 
 
 def _plan_in(space: SearchSpace) -> Plan:
