@@ -12,6 +12,7 @@ from mosaic.graph import MMGraph, ModuleSpec
 from mosaic.hardware import make_cluster
 from mosaic.perf import make_perf_model
 from mosaic.perf.analytic import AnalyticModel
+from mosaic.perf.base import ACCUMULATE_BYTES_PER_PARAM
 from mosaic.plan import MEMORY_MARGIN, Placement, Plan, PlanError, Stage, gpu_memory_bytes
 from mosaic.planners import PLANNERS, plan_all
 from tests.helpers import spec
@@ -124,6 +125,26 @@ def test_fsdp_hides_its_gathers_and_reduce_scatter_under_the_units_compute_but_o
     one_unit = replace(llm, num_layers=1)
     assert perf.exposed_sharded_sync_s(one_unit, 8, 1.0, gpus) == pytest.approx(
         perf.sharded_sync_s(one_unit, gpus))
+
+
+def test_accumulating_a_sharded_module_gathers_and_reduce_scatters_every_micro_step():
+    """The engine keeps only sharded gradients, so each of K micro-steps gathers the weights
+    and reduce-scatters beside its own compute, as one step of the micro-batch would; an
+    unsharded module all-reduces once, after the last."""
+    graph, cluster, k = big_llm_graph(batch=16), make_cluster(2), 4
+    micro = replace(graph, global_batch=graph.global_batch // k)
+    one_step, accumulating = AnalyticModel(cluster), AnalyticModel(cluster).accumulating(k)
+    sharded = two_stage_plan(graph, shard_llm=True)
+    adds = accumulating.memory_pass_s(accumulating._most_params(sharded, graph),
+                                      ACCUMULATE_BYTES_PER_PARAM)
+    vision_sync = one_step.stage_allreduce_s(sharded.stages[0], graph)  # unsharded: once
+    micro_step = (one_step.iteration_time_s(sharded, micro) - one_step.optimizer_s(sharded, micro)
+                  - one_step.stage_allreduce_s(sharded.stages[0], micro))
+    assert accumulating.iteration_time_s(sharded, graph) == pytest.approx(
+        k * (micro_step + adds) + vision_sync + one_step.optimizer_s(sharded, graph))
+    llm_sync = one_step.stage_allreduce_s(sharded.stages[1], micro)
+    assert llm_sync == pytest.approx(
+        one_step.exposed_sharded_sync_s(graph.module("llm"), 2, 1.0, (0, 1))) and llm_sync > 0
 
 
 def test_profiled_model_costs_sharding_on_its_measured_curves_and_steps_a_shard():

@@ -174,6 +174,8 @@ def _train(case: dict, out: Path, rank: int, device: str) -> None:
     os.environ.pop("MOSAIC_FAULT", None)
     if "fault" in case:
         os.environ["MOSAIC_FAULT"] = case["fault"]
+    micro_steps: list[dict[str, bool]] = []
+    unwatch = _watch_micro_steps(micro_steps)
     gathered: set[str] = set()
     watch = nn.modules.module.register_module_forward_hook(  # before FSDP frees the unit
         lambda module, args, output: gathered.update(
@@ -187,7 +189,9 @@ def _train(case: dict, out: Path, rank: int, device: str) -> None:
     finally:
         os.environ.pop("MOSAIC_FAULT", None)
         watch.remove()
+        unwatch()
     (out / f"gathered{rank}.json").write_text(json.dumps(sorted(gathered)))
+    (out / f"micro_steps{rank}.json").write_text(json.dumps(micro_steps))
     torch.save(full_state(result.modules), out / f"rank{rank}.pt")
     sharded = sorted(m for m, module in result.modules.items()
                      if any(isinstance(p, DTensor) for p in module.parameters()))
@@ -196,6 +200,25 @@ def _train(case: dict, out: Path, rank: int, device: str) -> None:
     (out / f"losses{rank}.json").write_text(json.dumps([s["loss"] for s in result.steps]))
     (out / f"grad_norms{rank}.json").write_text(json.dumps([s.get("grad_norm")
                                                             for s in result.steps]))
+
+
+def _watch_micro_steps(record: list[dict[str, bool]]):
+    """After each micro-step but an accumulated step's last, whether each sharded module's
+    sharded gradients hold its sum already (reduce-scattered). Returns the undo."""
+    from mosaic.engine.runner import PlanRunner
+
+    original = PlanRunner.step
+
+    def step(self, data, *, fraction=1.0, sync=True):
+        out = original(self, data, fraction=fraction, sync=sync)
+        if not sync:
+            record.append({m: all(p.grad is not None and bool(p.grad.to_local().abs().sum() > 0)
+                                  for p in self.modules[m].parameters() if isinstance(p, DTensor))
+                           for m in sorted(self.sharded)})
+        return out
+
+    PlanRunner.step = step
+    return lambda: setattr(PlanRunner, "step", original)
 
 
 def _worker(rank: int, port: int, cases: dict, out_dir: str, device: str, world: int) -> None:
@@ -252,7 +275,7 @@ def test_sharded_plans_train_like_unsharded_and_like_one_process(tmp_path):
     for name, (model, plan) in SHARDED_CASES.items():
         cases[name] = {"model": model, "plan": plan, "steps": STEPS}
         cases[f"{name}-unsharded"] = {"model": model, "plan": unsharded(plan), "steps": STEPS}
-    # gradient accumulation: FSDP2 skips the reduce-scatter on all micro-steps but the last
+    # gradient accumulation: FSDP2 reduce-scatters on every micro-step (sharded gradients only)
     model, plan = SHARDED_CASES["deep-all"]
     cases["deep-all-accumulate"] = {"model": model, "plan": plan, "steps": STEPS, "accumulation": 2}
     # bf16 reduce-scatter (FSDP's reduce_dtype) against DDP's bf16 all-reduce hook
@@ -280,6 +303,9 @@ def test_sharded_plans_train_like_unsharded_and_like_one_process(tmp_path):
     states, losses = load_run(tmp_path, "deep-all-accumulate")
     torch.testing.assert_close(losses[0], load_run(tmp_path, "deep-all")[1][0], **TIGHT)
     for rank in range(2):
+        micro_steps = json.loads((tmp_path / "deep-all-accumulate" / f"micro_steps{rank}.json")
+                                 .read_text())
+        assert micro_steps == [{"llm": True, "vision": True}] * STEPS
         assert_same(states[rank], reference_state(DeepToy(), "tiny", STEPS, LR),
                     rtol=1e-4, atol=1e-5)
 

@@ -31,7 +31,8 @@ gets no DDP and no hand all-reduce and is never CUDA-graphed. Its compiled view 
 anew after sharding (compile.CompiledModule.traced_anew), as torchtitan compiles after
 `fully_shard`: compiled by blocks, each layer unit's forward is one compiled graph and
 FSDP's hooks run between them, outside the compiled code. Under autocast its weights are
-gathered in bf16 (fsdp.gather_dtype).
+gathered in bf16 (fsdp.gather_dtype). It reduce-scatters on every micro-step of an
+accumulated step (`_no_sync`).
 """
 
 from __future__ import annotations
@@ -689,8 +690,10 @@ class PlanRunner:
                     graphed.attach()
 
     def _no_sync(self, sync: bool) -> Any:
-        for m in self.sharded:  # FSDP2 has a setting, not a context: set it every step
-            self.modules[m].set_requires_gradient_sync(sync)
+        """DDP's `no_sync` on a micro-step that does not synchronise. Sharded modules
+        reduce-scatter on every micro-step (FSDP2's default, torchtitan's choice): skipping it
+        would keep each GPU a whole unsharded gradient until the last, the memory sharding
+        was chosen to save (mosaic.sharding counts sharded gradients only)."""
         stack = contextlib.ExitStack()
         if not sync:
             for wrapped in self._ddp.values():

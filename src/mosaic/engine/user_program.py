@@ -260,11 +260,10 @@ class UserProgram:
         return loss.detach().float()
 
     def _gradient_sync(self, sync: bool) -> AbstractContextManager[Any]:
-        """DDP's `no_sync` on a micro-step that does not synchronise; FSDP2 has a setting."""
-        if isinstance(self.model, FSDPModule):
-            if self.accumulation > 1:  # a walk over every unit: not on every plain step
-                self.model.set_requires_gradient_sync(sync)
-        elif not sync and self.model is not self.program:
+        """DDP's `no_sync` on a micro-step that does not synchronise. FSDP2 reduce-scatters on
+        every micro-step, as torchtitan does: skipping it would hold a whole unsharded
+        gradient on every GPU until the last, the memory sharding saves."""
+        if not sync and self.model is not self.program and not isinstance(self.model, FSDPModule):
             return self.model.no_sync()
         return nullcontext()
 

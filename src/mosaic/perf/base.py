@@ -234,10 +234,11 @@ class PerfModel(ABC):
         groups = self.stage_works(stage, graph, batch)
         return max(self.colocated_time_s(works, stage.sharing) for works in groups.values())
 
-    def stage_allreduce_s(self, stage: Stage, graph: MMGraph) -> float:
-        # Modules of a stage all-reduce on their own groups at once; the slowest one counts.
+    def stage_allreduce_s(self, stage: Stage, graph: MMGraph, sharded: bool | None = None) -> float:
+        """Modules of a stage sync on their own groups at once; the slowest one counts.
+        `sharded`: only the sharded placements (True) or only the others (False)."""
         times = [self.exposed_allreduce_s(graph.module(p.module), p, graph, stage)
-                 for p in stage.placements]
+                 for p in stage.placements if sharded is None or p.shard == sharded]
         return max(times, default=0.0)
 
     def exposed_allreduce_s(self, module: ModuleSpec, p: Placement, graph: MMGraph,
@@ -280,8 +281,8 @@ class PerfModel(ABC):
         backward, where it also reduce-scatters each unit's gradients as the next computes.
         So in each pass the units' communication outlasts the pass's compute only by
         `outlasting_s` over the units (a module without layers is one unit: none hidden).
-        The collectives' slowing of the compute kernels is not counted, nor the gathers
-        repeated by accumulating micro-steps."""
+        The collectives' slowing of the compute kernels is not counted. Accumulating, all of
+        it repeats every micro-step (`accumulated_s`)."""
         gather_s, scatter_s = self.sharded_collectives_s(module, gpus)
         units = sharding.units(module)
         compute = self.module_time_s(module, per_gpu_batch, sm_share)
@@ -335,15 +336,18 @@ class PerfModel(ABC):
         forward and backward at 1/micro_steps of the batch and adds its gradients into the
         step's (ACCUMULATE_BYTES_PER_PARAM each); the gradient all-reduce and the optimizer
         run once. A Unified-IO 2 `paper` trace at batch 16 as 4 x 4 found those adds at
-        11.6 ms a micro-step and each micro-step repeating its batch-independent work."""
+        11.6 ms a micro-step and each micro-step repeating its batch-independent work. A
+        sharded module gathers its weights and reduce-scatters its gradients on every
+        micro-step (the engine keeps only sharded gradients), beside that micro-step's compute."""
         micro = replace(graph, global_batch=graph.global_batch // micro_steps)
         if plan.micro_batches > 1:
             compute_s = self.pipelined_s(plan, micro)
         else:
             compute_s = sum(self.stage_compute_s(s, micro) for s in plan.stages)
         compute_s += self.transfers_s(plan, micro)
+        compute_s += sum(self.stage_allreduce_s(s, micro, sharded=True) for s in plan.stages)
         adds_s = self.memory_pass_s(self._most_params(plan, graph), ACCUMULATE_BYTES_PER_PARAM)
-        sync_s = sum(self.stage_allreduce_s(s, graph) for s in plan.stages)
+        sync_s = sum(self.stage_allreduce_s(s, graph, sharded=False) for s in plan.stages)
         return micro_steps * (compute_s + adds_s) + sync_s + self.optimizer_s(plan, graph)
 
     def memory_pass_s(self, num_params: float, bytes_per_param: float) -> float:
