@@ -74,13 +74,14 @@ def plan_sharding_if_needed(space: SearchSpace, plan_in: Callable[[SearchSpace],
 def plan_fitting(space: SearchSpace, plan_in: Callable[[SearchSpace], Plan]) -> Plan:
     """`plan_sharding_if_needed` with the space's TP degrees, and again with the modules that
     have TP only to fit (`splittable_by_sharding`) sharded instead; the plan predicted faster
-    (meta `split_by`: each way's prediction, or why it found nothing), the space left as that
-    plan's. Raises the TP way's error if neither fits."""
+    (meta `split_by`: each way's prediction, or why it found nothing), the space left as it
+    was when that plan was found. Raises the TP way's error if neither fits."""
     instead = splittable_by_sharding(space)
     if not instead:
         return plan_sharding_if_needed(space, plan_in)
     tensor_parallel, sharded = dict(space.tp), space.sharded
     split = _planned(space, plan_in)
+    split_space = (dict(space.tp), space.sharded)
     space.set_tensor_parallel({m: t for m, t in tensor_parallel.items() if m not in instead})
     space.set_sharded(sharded | set(instead))
     shard = _planned(space, plan_in)
@@ -88,16 +89,16 @@ def plan_fitting(space: SearchSpace, plan_in: Callable[[SearchSpace], Plan]) -> 
     if isinstance(shard, Plan) and (isinstance(split, PlanError) or
                                     shard.predicted_iteration_s < split.predicted_iteration_s):
         return replace(shard, meta={**shard.meta, "split_by": {**notes, "chose": "sharded"}})
-    space.set_tensor_parallel(tensor_parallel)
-    space.set_sharded(sharded)
+    space.set_tensor_parallel(split_space[0])
+    space.set_sharded(split_space[1])
     if isinstance(split, PlanError):
         raise split
     return replace(split, meta={**split.meta, "split_by": {**notes, "chose": "tensor_parallel"}})
 
 
 def splittable_by_sharding(space: SearchSpace) -> list[str]:
-    """Modules searched with TP > 1 whose states sharding over their largest DP degree without
-    TP makes fit a GPU (`sharding.saves_memory` and within the block budget)."""
+    """Modules searched with TP > 1 that would fit a GPU without TP with their states sharded
+    over their largest DP degree (`replica_bytes` within the usable memory)."""
     found = []
     for name, _ in sorted(space.tp.items()):
         spec = space.specs[name]
