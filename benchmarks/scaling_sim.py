@@ -62,6 +62,10 @@ def one_size(model: str, gpus: int, perf) -> list[dict]:
             "throughput_samples_s": graph.global_batch / plan.predicted_iteration_s,
             "search_time_s": search_s, "gpus_used": used,
             "stages": [s.sharing for s in plan.stages],
+            "sharded": plan.sharded_modules(),
+            "tensor_parallel": {p.module: p.tensor_parallel for s in plan.stages
+                                for p in s.placements if p.tensor_parallel > 1},
+            "split_by": plan.meta.get("split_by"),
         })
     return rows
 
