@@ -253,7 +253,7 @@ def test_mosaic_fits_a_model_whose_modules_cannot_all_share_every_gpu():
     assert [p.module for s in megatron.stages for p in s.placements if p.shard] == [
         "enc1_audio", "llm"]
     whole = Plan.from_dict({**megatron.to_dict(), "stages": [
-        {**s, "placements": [{**p, "shard": False} for p in s["placements"]]}
+        {**s, "placements": [{**p, "shard": False, "shard_degree": 0} for p in s["placements"]]}
         for s in megatron.to_dict()["stages"]]})
     with pytest.raises(PlanError, match="GiB"):
         whole.validate(graph, cluster)

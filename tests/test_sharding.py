@@ -62,6 +62,70 @@ def test_shard_needs_a_dp_degree_of_two():
         plan.validate(graph, cluster)
 
 
+def hybrid_plan(graph: MMGraph, num_gpus: int = 16, degree: int = 8) -> Plan:
+    every = tuple(range(num_gpus))
+    return Plan(model=graph.name, planner="manual", num_gpus=num_gpus, stages=(
+        Stage(placements=(Placement(module="vision", gpus=every),)),
+        Stage(placements=(Placement(module="llm", gpus=every, shard=True, shard_degree=degree),))))
+
+
+def test_hybrid_sharding_cuts_the_gpus_into_copies_and_is_checked():
+    graph, cluster = big_llm_graph(batch=16), make_cluster(16)
+    plan = hybrid_plan(graph).validate(graph, cluster)
+    llm = plan.placement("llm")
+    assert Plan.from_json(plan.to_json()) == plan and llm.states_over == 8
+    assert llm.shard_groups == (tuple(range(8)), tuple(range(8, 16)))
+    assert llm.replica_groups[3] == (3, 11) and len(llm.replica_groups) == 8
+    assert plan.placement("vision").states_over == 1
+    for degree, message in ((3, "shard_degree=3 must be >= 2 and divide the DP degree 16"),
+                            (1, "shard_degree=1 must be >= 2")):
+        with pytest.raises(PlanError, match=message):
+            hybrid_plan(graph, degree=degree).validate(graph, cluster)
+    loose = replace(plan, stages=(plan.stages[0], Stage(placements=(
+        replace(llm, shard=False),))))
+    with pytest.raises(PlanError, match="shard_degree=8 without shard=true"):
+        loose.validate(graph, cluster)
+
+
+def test_hybrid_sharding_keeps_states_over_a_copy_and_gathers_inside_it():
+    """HSDP over 2 nodes, a copy a node: each GPU holds 1/8 of the states (not 1/16) and steps
+    1/8 of the parameters; the gathers and reduce-scatter run inside a node, then 1/8 of the
+    gradients is all-reduced across the two nodes."""
+    graph, cluster = big_llm_graph(batch=16), make_cluster(16)
+    perf = AnalyticModel(cluster)
+    llm, every = graph.module("llm"), tuple(range(16))
+    hybrid, flat = hybrid_plan(graph), hybrid_plan(graph, degree=0)
+    assert gpu_memory_bytes(hybrid, graph)[0] - gpu_memory_bytes(flat, graph)[0] == pytest.approx(
+        sharding.added_bytes(llm, 8) - sharding.added_bytes(llm, 16))
+    gather, scatter = perf.sharded_collectives_s(llm, every, 8)
+    node = tuple(range(8))
+    grads = sharding.reduce_scatter_bytes(llm, perf.grad_wire_bytes)
+    assert gather == pytest.approx(perf.collective_s("all_gather", sharding.all_gather_bytes(llm), node))
+    assert scatter == pytest.approx(perf.collective_s("reduce_scatter", grads, node)
+                                    + perf.allreduce_s(grads / 8, (0, 8)))
+    assert perf.sharded_sync_s(llm, every, 8) < perf.sharded_sync_s(llm, every)  # no IB gathers
+    params = llm.num_params / 8 + graph.module("vision").num_params
+    assert perf.optimizer_s(hybrid, graph) == pytest.approx(perf.optimizer_step_s(params))
+
+
+def test_planners_shard_a_module_over_several_nodes_a_node_a_copy():
+    from mosaic.planners.common import SearchSpace
+
+    graph, cluster = big_llm_graph(batch=16), make_cluster(16)
+    space = SearchSpace(graph, cluster, AnalyticModel(cluster), tensor_parallel={})
+    space.set_sharded({"llm"})
+    assert space.shard_degree("llm", 16) == 8 and space.states_over("llm", 16) == 8
+    assert space.shard_degree("llm", 8) == 0 and space.states_over("llm", 8) == 8
+    assert space.shard_degree("vision", 16) == 0 and space.states_over("vision", 16) == 1
+    perf = AnalyticModel(cluster)
+    megatron = PLANNERS["megatron"](graph, cluster, perf)  # the LLM on all 16 GPUs, sharded
+    placed = megatron.placement("llm")
+    assert placed.shard and placed.shard_degree == 8 and len(placed.gpus) == 16
+    over_all = replace(megatron, stages=tuple(replace(s, placements=tuple(
+        replace(p, shard_degree=0) for p in s.placements)) for s in megatron.stages))
+    assert perf.iteration_time_s(megatron, graph) < perf.iteration_time_s(over_all, graph)
+
+
 # --- memory ----------------------------------------------------------------------------------
 def test_sharded_memory_is_states_over_dp_plus_the_whole_units():
     graph = big_llm_graph(batch=4)

@@ -196,6 +196,12 @@ def _train(case: dict, out: Path, rank: int, device: str) -> None:
     sharded = sorted(m for m, module in result.modules.items()
                      if any(isinstance(p, DTensor) for p in module.parameters()))
     (out / f"sharded{rank}.json").write_text(json.dumps(sharded))
+    meshes = {}  # per sharded module, its first matrix: mesh dimensions, local and whole size
+    for m, module in sorted(result.modules.items()):
+        for p in module.parameters():
+            if isinstance(p, DTensor) and p.dim() == 2:
+                meshes.setdefault(m, [p.device_mesh.ndim, p.to_local().numel(), p.numel()])
+    (out / f"meshes{rank}.json").write_text(json.dumps(meshes))
     (out / f"compile{rank}.json").write_text(json.dumps(result.summary["compile"]))
     (out / f"losses{rank}.json").write_text(json.dumps([s["loss"] for s in result.steps]))
     (out / f"grad_norms{rank}.json").write_text(json.dumps([s.get("grad_norm")
@@ -308,6 +314,42 @@ def test_sharded_plans_train_like_unsharded_and_like_one_process(tmp_path):
         assert micro_steps == [{"llm": True, "vision": True}] * STEPS
         assert_same(states[rank], reference_state(DeepToy(), "tiny", STEPS, LR),
                     rtol=1e-4, atol=1e-5)
+
+
+def test_hybrid_sharding_over_copies_trains_like_one_process(tmp_path):
+    """HSDP (Placement.shard_degree): four processes, each sharded module's states spread
+    over two GPUs and kept twice, the copies' gradients all-reduced; and a producer sharded
+    over all four beside it. Same weights as one process on the global batch; its AdamW
+    checkpoint resumes under plain FSDP over all four, as the straight run continues."""
+    four = (0, 1, 2, 3)
+
+    def plan(degree: int) -> dict:
+        return Plan(model="toydeep", planner="manual", num_gpus=4, stages=(
+            Stage(placements=(Placement(module="vision", gpus=four, shard=True, shard_degree=degree),
+                              Placement(module="text", gpus=four, shard=True))),
+            Stage(placements=(Placement(module="llm", gpus=(2, 3, 0, 1), shard=True,
+                                        shard_degree=degree),)))).to_dict()
+
+    ckpt, adamw = str(tmp_path / "ckpt"), {"model": "toydeep", "optimizer": "adamw"}
+    run_cases({"hsdp": {"model": "toydeep", "plan": plan(2), "steps": STEPS},
+               "straight": {**adamw, "plan": plan(2), "steps": 4},
+               "first-half": {**adamw, "plan": plan(2), "steps": 2, "checkpoint": ckpt},
+               "resumed-fsdp": {**adamw, "plan": plan(0), "steps": 4, "checkpoint": ckpt,
+                                "resume": True}}, tmp_path, world=4)
+    straight, straight_losses = load_run(tmp_path, "straight", world=4)
+    resumed, resumed_losses = load_run(tmp_path, "resumed-fsdp", world=4)
+    torch.testing.assert_close(resumed_losses[0], straight_losses[0][2:], **TIGHT)
+    for rank in range(4):
+        assert_same(resumed[rank], straight[rank])
+    states, losses = load_run(tmp_path, "hsdp", world=4)
+    reference = reference_state(DeepToy(), "tiny", STEPS, LR)
+    for rank in range(4):
+        assert losses[rank] == losses[0]
+        assert_same(states[rank], reference, rtol=1e-4, atol=1e-5)
+        meshes = json.loads((tmp_path / "hsdp" / f"meshes{rank}.json").read_text())
+        ndim, local, whole = meshes["llm"]
+        assert ndim == 2 and local * 2 == whole  # half of it on each of a copy's two GPUs
+        assert meshes["vision"][0] == 2 and meshes["text"][0] == 1
 
 
 @pytest.mark.parametrize("scope", ["blocks", "module"])

@@ -67,10 +67,36 @@ class Placement:
     mosaic.sharding) instead of a full copy on each: 1/DP of the states per GPU, at the
     price of all-gathering the weights (forward and backward) and reduce-scattering the
     gradients in place of the all-reduce. Needs a DP degree >= 2."""
+    shard_degree: int = 0
+    """With `shard`: the GPUs one copy of the states is sharded over (FSDP2's hybrid sharding,
+    HSDP): `gpus` is cut into runs of this many consecutive GPUs, each run holding a whole
+    sharded copy, and the runs' reduce-scattered gradients are all-reduced with each other. So
+    a module's gathers stay inside a node while it is data-parallel over several. 0: all of
+    its GPUs (plain FSDP)."""
 
     @property
     def dp_degree(self) -> int:
         return len(self.gpus) // self.tensor_parallel
+
+    @property
+    def states_over(self) -> int:
+        """GPUs one copy of the states is spread over: the shard degree (the DP degree
+        unless `shard_degree` says otherwise) when sharded, else 1."""
+        if not self.shard:
+            return 1
+        return self.shard_degree or self.dp_degree
+
+    @property
+    def shard_groups(self) -> tuple[tuple[int, ...], ...]:
+        """The GPUs of each sharded copy of the states (one group: plain FSDP)."""
+        k = self.states_over
+        return tuple(self.gpus[i:i + k] for i in range(0, len(self.gpus), k))
+
+    @property
+    def replica_groups(self) -> tuple[tuple[int, ...], ...]:
+        """GPUs holding the same shard, one per copy: HSDP all-reduces their gradients."""
+        k = self.states_over
+        return tuple(self.gpus[r::k] for r in range(k))
 
     @property
     def tp_groups(self) -> tuple[tuple[int, ...], ...]:
@@ -166,6 +192,7 @@ class Plan:
                             priority=int(p.get("priority", 0)),
                             tensor_parallel=int(p.get("tensor_parallel", 1)),
                             shard=_flag(p.get("shard", False), "shard"),
+                            shard_degree=int(p.get("shard_degree", 0)),
                         )
                         for p in s["placements"]
                     ),
@@ -218,7 +245,7 @@ def plan_key(plan: Plan) -> tuple:
     """The placement structure: equal keys run identically, whatever planner made them."""
     return (plan.micro_batches, tuple(
         (s.sharing, tuple(sorted((p.module, tuple(p.gpus), round(p.sm_share, 4), p.priority, p.shard,
-                                  p.tensor_parallel) for p in s.placements))) for s in plan.stages))
+                                  p.tensor_parallel, p.shard_degree) for p in s.placements))) for s in plan.stages))
 
 
 def run_key(plan: Plan) -> tuple:
@@ -362,6 +389,9 @@ def _check_shard(what: str, p: Placement) -> None:
     """Sharding over one GPU saves nothing (the GPU holds every shard) but FSDP's overhead, so
     a plan asking for it expects memory it would not get: refused rather than ignored."""
     if not p.shard:
+        if p.shard_degree:
+            raise PlanError(f"{what}: shard_degree={p.shard_degree} without shard=true; set "
+                            "shard to true or shard_degree to 0")
         return
     if p.tensor_parallel != 1:
         raise PlanError(f"{what}: shard=true with tensor_parallel={p.tensor_parallel}: sharded "
@@ -371,6 +401,11 @@ def _check_shard(what: str, p: Placement) -> None:
         raise PlanError(f"{what}: shard=true needs a DP degree >= 2 (it has {p.dp_degree}): "
                         "its states are split over its GPUs; give it more GPUs or set shard "
                         "to false")
+    k = p.shard_degree
+    if k and (k < 2 or p.dp_degree % k):
+        raise PlanError(f"{what}: shard_degree={k} must be >= 2 and divide the DP degree "
+                        f"{p.dp_degree} (each run of {k} GPUs holds one sharded copy); use a "
+                        "divisor of it, or 0 to shard over all its GPUs")
 
 
 def _flag(value: Any, name: str) -> bool:
@@ -400,19 +435,21 @@ def gpu_memory_bytes(plan: Plan, graph: MMGraph) -> dict[int, float]:
     for stage in plan.stages:
         for p in stage.placements:
             need = replica_bytes(graph.module(p.module), graph.global_batch, p.dp_degree,
-                                 p.tensor_parallel, p.shard)
+                                 p.tensor_parallel, p.shard, p.states_over)
             for g in p.gpus:
                 used[g] += need
     return dict(used)
 
 
 def replica_bytes(module: ModuleSpec, global_batch: int, dp_degree: int,
-                  tensor_parallel: int = 1, shard: bool = False) -> float:
+                  tensor_parallel: int = 1, shard: bool = False,
+                  states_over: int | None = None) -> float:
     """Peak bytes of `module` on one GPU of a placement (`gpu_memory_bytes`); also what a
-    user's DDP (`shard` False) or FSDP2 program needs of each module."""
+    user's DDP (`shard` False) or FSDP2 program needs of each module. A sharded module's
+    states are spread over `states_over` GPUs (default: all `dp_degree`; fewer with HSDP)."""
     need = bytes_per_gpu(module, global_batch // dp_degree, tensor_parallel)
     if shard:  # sharded states in place of the full copy (mosaic.sharding)
-        need += added_bytes(module, dp_degree)
+        need += added_bytes(module, states_over or dp_degree)
     return need
 
 

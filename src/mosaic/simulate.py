@@ -160,7 +160,7 @@ class _Sim:
         for stage in self.plan.stages:
             for p in stage.placements:
                 for g in p.gpus:
-                    share = p.tensor_parallel * (p.dp_degree if p.shard else 1)  # as optimizer_s
+                    share = p.tensor_parallel * p.states_over  # as optimizer_s
                     params[g] = params.get(g, 0) + self.graph.module(p.module).num_params / share
         end = t0
         for g, n in sorted(params.items()):

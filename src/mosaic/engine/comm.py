@@ -149,8 +149,9 @@ def routes_for(plan: Plan, graph: MMGraph) -> list[Route]:
 
 
 def gpu_sets(plan: Plan) -> list[tuple[int, ...]]:
-    """Distinct GPU sets of the plan's placements, and of their TP groups and of the GPUs
-    holding the same shard (Placement.tp_groups / dp_groups), sorted: the process groups to
+    """Distinct GPU sets of the plan's placements, of their TP groups and of the GPUs
+    holding the same shard (Placement.tp_groups / dp_groups), and of HSDP's sharded copies and
+    their replicas (Placement.shard_groups / replica_groups), sorted: the process groups to
     create."""
     sets = set()
     for stage in plan.stages:
@@ -158,6 +159,8 @@ def gpu_sets(plan: Plan) -> list[tuple[int, ...]]:
             sets.add(tuple(sorted(p.gpus)))
             if p.tensor_parallel > 1:
                 sets.update(tuple(sorted(g)) for g in (*p.tp_groups, *p.dp_groups))
+            if len(p.shard_groups) > 1:
+                sets.update(tuple(sorted(g)) for g in (*p.shard_groups, *p.replica_groups))
     return sorted(sets)
 
 

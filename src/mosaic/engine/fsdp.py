@@ -24,6 +24,7 @@ dtype (fp32 by default).
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -49,12 +50,24 @@ def shard_module(module: nn.Module, group: Any, device: torch.device, *, divide_
                  reduce_dtype: torch.dtype = torch.float32) -> list[nn.Parameter]:
     """Shard `module` in place over the GPUs of `group` (its parameters become DTensor shards:
     build the optimizer after this; the module is now also an FSDPModule), its weights
-    gathered in `param_dtype` (None: as stored; `gather_dtype`). Returns the parameters left
-    whole on every GPU, whose gradients the caller must all-reduce: the scalars (a
-    contrastive head's temperature), which fully_shard cannot shard."""
+    gathered in `param_dtype` (None: as stored; `gather_dtype`); `group` may be a DeviceMesh
+    (`hybrid_mesh`). Returns the parameters left whole on every GPU, whose gradients the
+    caller must all-reduce: the scalars (a contrastive head's temperature), which fully_shard
+    cannot shard."""
     policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
-    return shard_modules(module, [module], DeviceMesh.from_group(group, device.type), policy,
-                         divide_by)
+    mesh = group if isinstance(group, DeviceMesh) else DeviceMesh.from_group(group, device.type)
+    return shard_modules(module, [module], mesh, policy, divide_by)
+
+
+def hybrid_mesh(replica_group: Any, shard_group: Any, shard_groups: Sequence[Sequence[int]],
+                device: torch.device) -> DeviceMesh:
+    """The 2-D mesh of hybrid sharding (HSDP, Placement.shard_degree): dimension 0 the copies
+    (this rank's `replica_group`: the GPUs holding its shard in every copy), dimension 1 the
+    GPUs of one copy (`shard_group`); `shard_groups` lists every copy's GPUs, in order. FSDP2
+    shards over dimension 1 and all-reduces the reduce-scattered gradients over dimension 0."""
+    ranks = torch.tensor([list(g) for g in shard_groups], dtype=torch.int)
+    return DeviceMesh.from_group([replica_group, shard_group], device.type, mesh=ranks,
+                                 mesh_dim_names=("replicate", "shard"))
 
 
 def shard_program(program: nn.Module, modules: list[nn.Module], mesh: DeviceMesh, *,

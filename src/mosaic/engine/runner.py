@@ -57,7 +57,7 @@ from mosaic.engine.comm import (
 )
 from mosaic.engine.compile import blockwise_view, repeated_block_lists, traced_anew
 from mosaic.engine.ddp import wrap_ddp
-from mosaic.engine.fsdp import gather_dtype, shard_module
+from mosaic.engine.fsdp import gather_dtype, hybrid_mesh, shard_module
 from mosaic.engine.gate_slot import slotted
 from mosaic.engine.graphed import InGraphGradModule, fresh_cublas_workspaces
 from mosaic.engine.tensor_parallel import local_tensor
@@ -65,7 +65,7 @@ from mosaic.engine.timer import Mark, Timer
 from mosaic.engine.update_gates import UpdateGates
 from mosaic.errors import MosaicError
 from mosaic.graph import MMGraph
-from mosaic.plan import Plan
+from mosaic.plan import Placement, Plan
 
 
 class EngineError(MosaicError):
@@ -331,11 +331,22 @@ class PlanRunner:
             if not placement.shard:
                 continue
             self._whole_params[m] = shard_module(
-                self.modules[m], self.comm.group(placement.gpus), self.device,
+                self.modules[m], self._shard_mesh(placement), self.device,
                 divide_by=self._divide_by(m), param_dtype=gather_dtype(self.amp),
                 reduce_dtype=REDUCE_DTYPES[self.config.reduce_dtype])
             sharded.add(m)
         return sharded
+
+    def _shard_mesh(self, placement: Placement) -> Any:
+        """Where a sharded placement's states spread: its process group (plain FSDP), or
+        with `shard_degree` the 2-D mesh of copies x the GPUs of one copy (HSDP)."""
+        copies = placement.shard_groups
+        if len(copies) == 1:
+            return self.comm.group(placement.gpus)
+        rank = self.comm.rank
+        own = next(g for g in copies if rank in g)
+        replicas = next(g for g in placement.replica_groups if rank in g)
+        return hybrid_mesh(self.comm.group(replicas), self.comm.group(own), copies, self.device)
 
     def _check_micro_batches(self) -> None:
         if self.micro_batches == 1:

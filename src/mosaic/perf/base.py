@@ -126,7 +126,7 @@ class PerfModel(ABC):
         holding that shard (the shards' all-reduces run at once, on disjoint GPUs). A sharded
         placement all-gathers and reduce-scatters instead (`sharded_sync_s`)."""
         if p.shard:
-            return self.sharded_sync_s(module, p.gpus)
+            return self.sharded_sync_s(module, p.gpus, p.shard_degree)
         num_bytes = module.num_params / p.tensor_parallel * self.grad_wire_bytes
         return self.allreduce_s(num_bytes, p.dp_groups[0])
 
@@ -191,19 +191,27 @@ class PerfModel(ABC):
         return ((n - 1) * (self.cluster.collective_latency_s / 4 + hop_s)
                 + (n - 1) / n * num_bytes / self.cluster.link_bandwidth_bps(list(gpus)))
 
-    def sharded_sync_s(self, module: ModuleSpec, gpus: Sequence[int]) -> float:
+    def sharded_sync_s(self, module: ModuleSpec, gpus: Sequence[int], shard_degree: int = 0) -> float:
         """A sharded module's communication per step, in place of its gradient all-reduce:
         its bf16 weights all-gathered in forward and again in backward, its gradients
         reduce-scattered in the reduce dtype (mosaic.sharding); all of it, of which the step
         waits for `exposed_sharded_sync_s`."""
-        gather_s, scatter_s = self.sharded_collectives_s(module, gpus)
+        gather_s, scatter_s = self.sharded_collectives_s(module, gpus, shard_degree)
         return sharding.PARAM_ALL_GATHERS * gather_s + scatter_s
 
-    def sharded_collectives_s(self, module: ModuleSpec, gpus: Sequence[int]) -> tuple[float, float]:
-        """(one all-gather of the module's weights, its gradients' reduce-scatter), seconds."""
-        gather_s = self.collective_s("all_gather", sharding.all_gather_bytes(module), gpus)
-        scatter_s = self.collective_s(
-            "reduce_scatter", sharding.reduce_scatter_bytes(module, self.grad_wire_bytes), gpus)
+    def sharded_collectives_s(self, module: ModuleSpec, gpus: Sequence[int],
+                              shard_degree: int = 0) -> tuple[float, float]:
+        """(one all-gather of the module's weights, its gradients' reduce-scatter), seconds,
+        inside each run of `shard_degree` of `gpus` (0: all of them; Placement.shard_degree).
+        With several runs (HSDP) each GPU's reduce-scattered 1/k of the gradients is then
+        all-reduced with the GPUs holding the same shard in the other runs, as FSDP2 does
+        after each unit's reduce-scatter: counted with it."""
+        k = shard_degree or len(gpus)
+        group, grad_bytes = tuple(gpus[:k]), sharding.reduce_scatter_bytes(module, self.grad_wire_bytes)
+        gather_s = self.collective_s("all_gather", sharding.all_gather_bytes(module), group)
+        scatter_s = self.collective_s("reduce_scatter", grad_bytes, group)
+        if k < len(gpus):
+            scatter_s += self.allreduce_s(grad_bytes / k, tuple(gpus[::k]))
         return gather_s, scatter_s
 
     def transfer_s(self, num_bytes: float, src_gpus: Sequence[int], dst_gpus: Sequence[int]) -> float:
@@ -250,7 +258,7 @@ class PerfModel(ABC):
         `exposed_sharded_sync_s`, wherever it runs (FSDP2 keeps streams of its own)."""
         if p.shard:
             return self.exposed_sharded_sync_s(module, graph.global_batch // p.dp_degree,
-                                               p.sm_share, p.gpus)
+                                               p.sm_share, p.gpus, p.shard_degree)
         total = self.placement_allreduce_s(module, p)
         beside = stage is not None and not stage.runs_alone(p.module)
         if p.tensor_parallel > 1 or beside:
@@ -274,7 +282,7 @@ class PerfModel(ABC):
                             math.ceil(buffer_bytes / IN_BACKWARD_BUCKET_BYTES))
 
     def exposed_sharded_sync_s(self, module: ModuleSpec, per_gpu_batch: int, sm_share: float,
-                               gpus: Sequence[int]) -> float:
+                               gpus: Sequence[int], shard_degree: int = 0) -> float:
         """What the step waits for of a sharded module's all-gathers and reduce-scatter
         (`sharded_sync_s`): FSDP2 gathers each unit (a layer, or the module's own parameters)
         on its own streams while the unit before it computes, in the forward and again in the
@@ -283,7 +291,7 @@ class PerfModel(ABC):
         `outlasting_s` over the units (a module without layers is one unit: none hidden).
         The collectives' slowing of the compute kernels is not counted. Accumulating, all of
         it repeats every micro-step (`accumulated_s`)."""
-        gather_s, scatter_s = self.sharded_collectives_s(module, gpus)
+        gather_s, scatter_s = self.sharded_collectives_s(module, gpus, shard_degree)
         units = sharding.units(module)
         compute = self.module_time_s(module, per_gpu_batch, sm_share)
         backward = BACKWARD_SHARE * compute
@@ -417,7 +425,7 @@ def busiest_gpu_parts(plan: Plan, graph: MMGraph) -> list[tuple[str, float]]:
     parts: dict[int, list[tuple[str, float]]] = {}
     for stage in plan.stages:
         for p in stage.placements:
-            share = p.tensor_parallel * (p.dp_degree if p.shard else 1)
+            share = p.tensor_parallel * p.states_over
             for g in p.gpus:
                 parts.setdefault(g, []).append((p.module, 1.0 / share))
     return max(parts.values(), default=[],

@@ -871,7 +871,7 @@ class ProfiledModel(PerfModel):
             by_gpu: dict[int, float] = {}
             for p in stage.placements:
                 if p.shard:
-                    skipped = graph.module(p.module).num_params * (1 - 1 / p.dp_degree)
+                    skipped = graph.module(p.module).num_params * (1 - 1 / p.states_over)
                     for g in p.gpus:
                         by_gpu[g] = by_gpu.get(g, 0.0) + skipped
             if by_gpu:

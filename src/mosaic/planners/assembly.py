@@ -83,7 +83,8 @@ def _stage(space: SearchSpace, sharing: str, placed: Placed) -> Stage:
             placements.append(Placement(module=m, gpus=gpus, sm_share=share,
                                         priority=int(m == critical),
                                         tensor_parallel=space.tp_of(m),
-                                        shard=space.shards(m, block.size)))
+                                        shard=space.shards(m, block.size),
+                                        shard_degree=space.shard_degree(m, block.size)))
     return Stage(placements=tuple(placements), sharing=sharing)
 
 

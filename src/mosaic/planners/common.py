@@ -152,11 +152,27 @@ class SearchSpace:
         return (name in self.sharded and self.tp_of(name) == 1 and size >= 2
                 and sharding.saves_memory(self.specs[name], size))
 
+    def shard_degree(self, name: str, size: int) -> int:
+        """Placement.shard_degree of a sharded module on a `size`-GPU block: a node's GPUs
+        (HSDP: its gathers stay on NVLink, only 1/k of its gradients cross the nodes) where
+        the block spans whole nodes and the module still fits so, else 0 (all the block's)."""
+        per_node = self.cluster.gpus_per_node
+        if not self.shards(name, size) or size <= per_node or size % per_node:
+            return 0
+        spec = self.specs[name]
+        need = tp.bytes_per_gpu(spec, self.batch_of(name, size)) + sharding.added_bytes(spec, per_node)
+        return per_node if need <= self.budget_bytes else 0
+
+    def states_over(self, name: str, size: int) -> int:
+        """GPUs one copy of the module's states spreads over on a `size`-GPU block (1: whole)."""
+        if not self.shards(name, size):
+            return 1
+        return self.shard_degree(name, size) or size
+
     def optimizer_params(self, name: str, size: int) -> float:
         """Parameters one GPU of a `size`-GPU block steps for the module: a TP shard's 1/t,
-        a sharded module's 1/DP."""
-        share = self.tp_of(name) * (size if self.shards(name, size) else 1)
-        return self.specs[name].num_params / share
+        a sharded module's 1/(the GPUs its states spread over)."""
+        return self.specs[name].num_params / (self.tp_of(name) * self.states_over(name, size))
 
     # --- memoised performance-model questions ---------------------------------------------
     def _memo(self, key: tuple, compute) -> float:
@@ -190,7 +206,8 @@ class SearchSpace:
         one), so an engine summing during the backward hides what it can (`_exposed`)."""
         if self.shards(name, size):  # on the whole GPU: the least it can hide under
             return self._memo(("sharded", name, size), lambda: self.perf.exposed_sharded_sync_s(
-                self.specs[name], self.batch_of(name, size), 1.0, tuple(range(size))))
+                self.specs[name], self.batch_of(name, size), 1.0, tuple(range(size)),
+                self.shard_degree(name, size)))
         t = self.tp_of(name)
         num_bytes = self.specs[name].num_params / t * self.perf.grad_wire_bytes
         return self._memo(("ar", name, size, alone), lambda: self._exposed(
@@ -276,7 +293,7 @@ class SearchSpace:
             batch = self.graph.global_batch // max(1, size // t)
             self._bytes[key] = tp.bytes_per_gpu(self.specs[name], batch, t)
             if self.shards(name, size):  # as plan.gpu_memory_bytes
-                self._bytes[key] += sharding.added_bytes(self.specs[name], size)
+                self._bytes[key] += sharding.added_bytes(self.specs[name], self.states_over(name, size))
         return self._bytes[key]
 
     def fits(self, modules: Sequence[str], size: int) -> bool:
