@@ -208,6 +208,25 @@ def test_two_processes_sharding_with_fsdp2_equal_one(tmp_path, compile_mode):
 
 
 @pytest.mark.slow
+def test_four_processes_hybrid_sharding_two_copies_equal_one(tmp_path):
+    """HSDP as torchtitan runs it across nodes: four processes, two copies of the states
+    sharded over two processes each (the mesh copies x 2), the copies' gradients all-reduced."""
+    run_driver(tmp_path, ["qwen3-vl"], ["--shard-states", "--shard-degree", "2"], ranks=4)
+    states = check_ranks(tmp_path / "qwen3-vl", *zoo_light("qwen3-vl"), ranks=4)
+    assert all(s["mesh_dims"].item() == 2 for s in states)
+
+
+def test_the_fsdp2_program_keeps_a_copy_a_node_where_the_world_spans_nodes(monkeypatch):
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
+    assert user_program.node_shard_degree(16) == 8
+    assert user_program.node_shard_degree(8) == 0
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "3")
+    assert user_program.node_shard_degree(8) == 0  # uneven nodes: shard over the world
+    with pytest.raises(UserProgramError, match="shard_degree=3 must be >= 2 and divide the 8"):
+        user_program.program_mesh("cpu", 8, 3)
+
+
+@pytest.mark.slow
 def test_ddp_on_gloo_keeps_fp32_sums_when_bf16_is_asked(tmp_path):
     """reduce_dtype=bf16: torch's bf16 hook needs NCCL, so on gloo DDP says so and sums in
     fp32, exactly (over NCCL: tests/gpu/test_sharding_gpu.py)."""
@@ -249,18 +268,22 @@ def test_two_processes_accumulating_micro_batches_equal_one(tmp_path, sharding):
     check_ranks(tmp_path / "qwen3-vl", *zoo_light("qwen3-vl"))
 
 
-def run_driver(out: Path, names: list[str], flags: list[str] | None = None) -> None:
+def run_driver(out: Path, names: list[str], flags: list[str] | None = None,
+               ranks: int = 2) -> None:
     paths = [str(DRIVER.parents[1] / "src"), os.environ.get("PYTHONPATH")]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(filter(None, paths))}
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
-               "2", str(DRIVER), *(flags or []), str(out), *names]
+               str(ranks), str(DRIVER), *(flags or []), str(out), *names]
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=240)
     assert result.returncode == 0, failure_lines(result.stderr)
 
 
-def check_ranks(where: Path, model, modules: dict[str, nn.Module], batch) -> None:
+def check_ranks(where: Path, model, modules: dict[str, nn.Module], batch,
+                ranks: int = 2) -> list[dict[str, torch.Tensor]]:
+    """Every rank's gradients are the one-process gradients, the losses sum to its loss;
+    returns what the ranks saved."""
     ref_loss, ref_grads = reference(modules, lambda: model.loss(modules, batch))
-    states = [load_file(str(where / f"rank{r}.safetensors")) for r in range(2)]
+    states = [load_file(str(where / f"rank{r}.safetensors")) for r in range(ranks)]
     for step in range(2):
         total = sum(s[f"loss.{step}"].item() for s in states)
         assert total == pytest.approx(ref_loss, rel=1e-5), (model.name, step)
@@ -268,6 +291,7 @@ def check_ranks(where: Path, model, modules: dict[str, nn.Module], batch) -> Non
         for key, expected in ref_grads.items():
             torch.testing.assert_close(state[f"grad.{key}"], expected, rtol=1e-4, atol=1e-6,
                                        msg=lambda text, k=key: f"{model.name} {k}: {text}")
+    return states
 
 
 def zoo_light(name: str):

@@ -45,16 +45,20 @@ def structure_graph(name: str) -> MMGraph:
 
 
 def run_model(name: str, out_dir: Path, shard_states: bool, compile_mode: str | None,
-              reduce_dtype: torch.dtype, accumulation: int) -> None:
+              reduce_dtype: torch.dtype, accumulation: int, shard_degree: int | None) -> None:
     model = get_model(name)
     graph = structure_graph(name)
     modules = model.build_modules("tiny")
     batch = model.make_inputs("tiny", graph.global_batch, torch.Generator().manual_seed(0))
+    saved = {}
     program = UserProgram(graph=graph, modules=modules, compile_mode=compile_mode,
                           device=torch.device("cpu"), shard_states=shard_states,
-                          reduce_dtype=reduce_dtype, accumulation=accumulation)
+                          reduce_dtype=reduce_dtype, accumulation=accumulation,
+                          shard_degree=shard_degree)
+    if shard_states:  # the mesh's dimensions: 2 for hybrid sharding
+        mesh = next(p for p in program.parameters() if p.dim() == 2).device_mesh
+        saved["mesh_dims"] = torch.tensor([mesh.ndim])
     data = program.local_batch(batch)
-    saved = {}
     for step in range(2):
         for p in program.parameters():
             p.grad = None
@@ -74,6 +78,7 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--compile", default=None)
     parser.add_argument("--reduce-dtype", choices=("fp32", "bf16"), default="fp32")
     parser.add_argument("--accumulation", type=int, default=1)
+    parser.add_argument("--shard-degree", type=int, default=None)
     parser.add_argument("out_dir", type=Path)
     parser.add_argument("models", nargs="+")
     args = parser.parse_args(argv)
@@ -83,7 +88,7 @@ def main(argv: list[str]) -> None:
         for name in args.models:
             run_model(name, args.out_dir, args.shard_states, args.compile,
                       torch.bfloat16 if args.reduce_dtype == "bf16" else torch.float32,
-                      args.accumulation)
+                      args.accumulation, args.shard_degree)
     finally:
         # FSDP2's state is cyclic garbage that still holds the group: collected at interpreter
         # exit instead, after the group, a gloo rank aborted now and then ("terminate called

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import os
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
@@ -48,7 +49,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
-from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import FSDPModule
 
 from mosaic.engine.compile import MOSAIC_MODES, mode_options
@@ -170,7 +171,10 @@ class UserProgram:
     def __init__(self, *, graph: MMGraph, modules: dict[str, nn.Module], compile_mode: str | None,
                  device: torch.device, amp: bool | None = None,
                  compile_fn: CompileFn | None = None, shard_states: bool = False,
-                 reduce_dtype: torch.dtype = torch.float32, accumulation: int = 1) -> None:
+                 reduce_dtype: torch.dtype = torch.float32, accumulation: int = 1,
+                 shard_degree: int | None = None) -> None:
+        """`shard_degree`: with `shard_states`, the processes one copy of the states spreads
+        over (HSDP, `program_mesh`); None: a node's (`node_shard_degree`)."""
         self.graph, self.device = graph, torch.device(device)
         self.compile_mode = compile_mode
         self.rank, self.world_size = world()
@@ -179,6 +183,8 @@ class UserProgram:
         self.accumulation = accumulation
         if shard_states:
             _check_sharding(compile_mode, self.world_size)
+            if shard_degree is None:
+                shard_degree = node_shard_degree(self.world_size)
         cuda = self.device.type == "cuda"
         self.amp = cuda if amp is None else amp
         self.param_dtype = gather_dtype(self.amp) if shard_states else None
@@ -188,7 +194,7 @@ class UserProgram:
         self.whole_params: list[nn.Parameter] = []
         """Scalars FSDP2 leaves whole: their gradients are averaged by hand after backward."""
         if shard_states:
-            mesh = DeviceMesh.from_group(dist.group.WORLD, self.device.type)
+            mesh = program_mesh(self.device.type, self.world_size, shard_degree)
             self.whole_params = shard_program(self.program, [modules[m] for m in graph.names],
                                               mesh, divide_by=self.world_size,
                                               param_dtype=self.param_dtype,
@@ -345,6 +351,27 @@ def _check_accumulation(graph: MMGraph, modules: dict[str, nn.Module], accumulat
         raise UserProgramError(f"{per_rank} samples per process do not split into "
                                f"accumulation={accumulation} equal micro-batches; use a global "
                                f"batch that is a multiple of {world_size * accumulation}")
+
+
+def node_shard_degree(world_size: int) -> int:
+    """torchtitan's hybrid sharding across nodes: a copy of the states a node, where the
+    world spans several (LOCAL_WORLD_SIZE processes a node, as torchrun sets it); 0 (the
+    whole world) inside one node."""
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+    return local if 1 < local < world_size and world_size % local == 0 else 0
+
+
+def program_mesh(device_type: str, world_size: int, shard_degree: int) -> DeviceMesh:
+    """The world as FSDP2's mesh: 1-D (every process shards the states), or with
+    0 < `shard_degree` < the world, copies x `shard_degree` processes (HSDP: the copies'
+    reduce-scattered gradients all-reduced), the ranks of a copy consecutive."""
+    if not shard_degree or shard_degree == world_size:
+        return DeviceMesh.from_group(dist.group.WORLD, device_type)
+    if shard_degree < 2 or world_size % shard_degree:
+        raise UserProgramError(f"shard_degree={shard_degree} must be >= 2 and divide the "
+                               f"{world_size} processes; use a divisor, or 0 for all of them")
+    return init_device_mesh(device_type, (world_size // shard_degree, shard_degree),
+                            mesh_dim_names=("replicate", "shard"))
 
 
 def _check_sharding(compile_mode: str | None, world_size: int) -> None:
