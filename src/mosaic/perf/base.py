@@ -15,6 +15,7 @@ module's time at the replica's batch / t plus the TP group's all-reduces (`work_
 
 from __future__ import annotations
 
+import copy
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
@@ -75,6 +76,14 @@ class PerfModel(ABC):
 
     accumulation: int = 1
     """Micro-steps per optimizer step (the engine's gradient accumulation, `accumulating`)."""
+
+    micro_step_of: int = 1
+    """Where this model plans one micro-step of an accumulated step (planners.one_micro_step),
+    the micro-steps of that step K. What runs once a step, the unsharded gradient sync
+    (`exposed_allreduce_s`) and the optimizer (`optimizer_s`), then counts 1/K in a
+    micro-step's prediction, so that a plan search over one micro-step ranks plans as their
+    whole steps rank (a sharded module's gathers and reduce-scatter repeat every micro-step:
+    counted whole); `step_of_micro_s` predicts the whole step itself."""
 
     grad_wire_bytes: float = GRAD_BYTES_PER_PARAM
     """Bytes a parameter's gradient travels in when summed (2: the engine's
@@ -261,9 +270,9 @@ class PerfModel(ABC):
                                                p.sm_share, p.gpus, p.shard_degree)
         total = self.placement_allreduce_s(module, p)
         beside = stage is not None and not stage.runs_alone(p.module)
-        if p.tensor_parallel > 1 or beside:
-            return total
-        return self.exposed_sum_s(module, graph.global_batch // p.dp_degree, p.sm_share, total)
+        if not (p.tensor_parallel > 1 or beside):
+            total = self.exposed_sum_s(module, graph.global_batch // p.dp_degree, p.sm_share, total)
+        return total / self.micro_step_of  # once a step: a micro-step's share
 
     def exposed_sum_s(self, module: ModuleSpec, per_gpu_batch: int, sm_share: float,
                       total_s: float) -> float:
@@ -312,8 +321,9 @@ class PerfModel(ABC):
 
     def optimizer_s(self, plan: Plan, graph: MMGraph) -> float:
         """The optimizer step after the last backward: the GPU holding the most parameters
-        (a TP shard holds 1/t of its module's, a sharded placement 1/DP)."""
-        return self.optimizer_step_s(self._most_params(plan, graph))
+        (a TP shard holds 1/t of its module's, a sharded placement 1/DP); a micro-step's
+        share of it where this model plans one (`micro_step_of`)."""
+        return self.optimizer_step_s(self._most_params(plan, graph)) / self.micro_step_of
 
     @staticmethod
     def _most_params(plan: Plan, graph: MMGraph) -> float:
@@ -357,6 +367,16 @@ class PerfModel(ABC):
         adds_s = self.memory_pass_s(self._most_params(plan, graph), ACCUMULATE_BYTES_PER_PARAM)
         sync_s = sum(self.stage_allreduce_s(s, graph, sharded=False) for s in plan.stages)
         return micro_steps * (compute_s + adds_s) + sync_s + self.optimizer_s(plan, graph)
+
+    def step_of_micro_s(self, plan: Plan, micro: MMGraph) -> float:
+        """The whole step of a plan made for one micro-step `micro` (`micro_step_of` of them
+        accumulated), or the plan's own prediction where it is not a micro-step's."""
+        k = self.micro_step_of
+        if k == 1:
+            return self.iteration_time_s(plan, micro)
+        whole = copy.copy(self)
+        whole.micro_step_of = 1
+        return whole.accumulated_s(plan, replace(micro, global_batch=micro.global_batch * k), k)
 
     def memory_pass_s(self, num_params: float, bytes_per_param: float) -> float:
         """A memory-bound pass moving `bytes_per_param` over `num_params` parameters."""

@@ -145,4 +145,6 @@ def one_micro_step(graph: MMGraph, perf: PerfModel) -> tuple[MMGraph, PerfModel]
         raise PlanError(f"accumulation={micro_steps} must divide global_batch "
                         f"{graph.global_batch}")
     micro = replace(graph, global_batch=graph.global_batch // micro_steps)
-    return micro, copy.copy(perf).accumulating(1)
+    per_micro_step = copy.copy(perf).accumulating(1)
+    per_micro_step.micro_step_of = micro_steps
+    return micro, per_micro_step

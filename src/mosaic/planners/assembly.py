@@ -158,7 +158,7 @@ class PlanCoster:
     def optimizer_s(self, stages: Sequence[StageChoice]) -> float:
         """As `PerfModel.optimizer_s`: the GPU holding the most parameters steps last."""
         most = max(sum(v) for v in zip(*(self.placed(s)[2] for s in stages), strict=True))
-        return self.space.perf.optimizer_step_s(most)
+        return self.space.perf.optimizer_step_s(most) / self.space.perf.micro_step_of
 
     def overflow_bytes(self, stages: Sequence[StageChoice]) -> float:
         """Bytes the fullest GPU needs beyond the usable memory (<= 0: the plan fits)."""

@@ -210,8 +210,9 @@ class SearchSpace:
                 self.shard_degree(name, size)))
         t = self.tp_of(name)
         num_bytes = self.specs[name].num_params / t * self.perf.grad_wire_bytes
+        once = self.perf.micro_step_of  # a micro-step's share of a once-a-step sync (PerfModel)
         return self._memo(("ar", name, size, alone), lambda: self._exposed(
-            name, size, self.perf.allreduce_s(num_bytes, tuple(range(0, size, t))), alone))
+            name, size, self.perf.allreduce_s(num_bytes, tuple(range(0, size, t))), alone) / once)
 
     def block_allreduce_s(self, modules: Sequence[str], size: int, sharing: str) -> float:
         """The slowest gradient sync of a block's modules, each alone in its backward only in

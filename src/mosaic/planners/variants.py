@@ -32,7 +32,7 @@ class OnlyModes(PerfModel):
         self.inner, self.modes = inner, tuple(modes)
         self.name = f"{inner.name}[{'/'.join(self.modes)}]"
         self.optimizer_bytes_per_param = inner.optimizer_bytes_per_param
-        self.accumulation = inner.accumulation
+        self.accumulation, self.micro_step_of = inner.accumulation, inner.micro_step_of
         self.grad_wire_bytes, self.sums_in_backward = inner.grad_wire_bytes, inner.sums_in_backward
 
     def optimizer_step_s(self, num_params: float) -> float:
