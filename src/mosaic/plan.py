@@ -89,26 +89,32 @@ class Placement:
     @property
     def shard_groups(self) -> tuple[tuple[int, ...], ...]:
         """The GPUs of each sharded copy of the states (one group: plain FSDP)."""
-        k = self.states_over
-        return tuple(self.gpus[i:i + k] for i in range(0, len(self.gpus), k))
+        return _runs(self.gpus, self.states_over)
 
     @property
     def replica_groups(self) -> tuple[tuple[int, ...], ...]:
         """GPUs holding the same shard, one per copy: HSDP all-reduces their gradients."""
-        k = self.states_over
-        return tuple(self.gpus[r::k] for r in range(k))
+        return _strided(self.gpus, self.states_over)
 
     @property
     def tp_groups(self) -> tuple[tuple[int, ...], ...]:
         """The GPUs of each replica, in DP order (replica i holds the i-th sample range)."""
-        t = self.tensor_parallel
-        return tuple(self.gpus[i:i + t] for i in range(0, len(self.gpus), t))
+        return _runs(self.gpus, self.tensor_parallel)
 
     @property
     def dp_groups(self) -> tuple[tuple[int, ...], ...]:
         """GPUs holding the same shard, one per replica: their gradients are all-reduced."""
-        t = self.tensor_parallel
-        return tuple(self.gpus[r::t] for r in range(t))
+        return _strided(self.gpus, self.tensor_parallel)
+
+
+def _runs(gpus: tuple[int, ...], k: int) -> tuple[tuple[int, ...], ...]:
+    """`gpus` cut into consecutive runs of k."""
+    return tuple(gpus[i:i + k] for i in range(0, len(gpus), k))
+
+
+def _strided(gpus: tuple[int, ...], k: int) -> tuple[tuple[int, ...], ...]:
+    """The i-th GPU of every run of k, for each i: the GPUs in the same position."""
+    return tuple(gpus[r::k] for r in range(k))
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -321,14 +321,14 @@ class PerfModel(ABC):
 
     def optimizer_s(self, plan: Plan, graph: MMGraph) -> float:
         """The optimizer step after the last backward: the GPU holding the most parameters
-        (a TP shard holds 1/t of its module's, a sharded placement 1/DP); a micro-step's
-        share of it where this model plans one (`micro_step_of`)."""
+        (a TP shard holds 1/t of its module's, a sharded placement 1/Placement.states_over);
+        a micro-step's share of it where this model plans one (`micro_step_of`)."""
         return self.optimizer_step_s(self._most_params(plan, graph)) / self.micro_step_of
 
     @staticmethod
     def _most_params(plan: Plan, graph: MMGraph) -> float:
         """Parameters on the GPU holding the most (a TP shard holds 1/t of its module's, a
-        sharded placement 1/DP)."""
+        sharded placement 1/Placement.states_over)."""
         return sum(graph.module(m).num_params * part for m, part in busiest_gpu_parts(plan, graph))
 
     def optimizer_step_s(self, num_params: float) -> float:
@@ -441,7 +441,7 @@ def guard_pass_s(plan: Plan, graph: MMGraph, gpu: GPUSpec) -> float:
 
 def busiest_gpu_parts(plan: Plan, graph: MMGraph) -> list[tuple[str, float]]:
     """(module, part of its parameters) held by the GPU holding the most parameters: a TP
-    shard holds 1/t of its module's, a sharded placement 1/DP."""
+    shard holds 1/t of its module's, a sharded placement 1/Placement.states_over."""
     parts: dict[int, list[tuple[str, float]]] = {}
     for stage in plan.stages:
         for p in stage.placements:
