@@ -3,7 +3,8 @@ model and the planners share.
 
 A placement with `shard = True` keeps 1/d of its module's weights, gradients and optimizer
 state on each of its d GPUs (torch's `fully_shard`, see `mosaic.engine.fsdp`) instead of a
-full copy on each. The engine shards each layer of the module (the elements of its
+full copy on each; with `shard_degree` k (HSDP) d is k, each run of k GPUs holding a copy
+(`Placement.states_over`: the d the functions below take). The engine shards each layer of the module (the elements of its
 `nn.ModuleList`s) as one unit and the module's remaining parameters (embeddings, norms,
 heads) as one more, so only a few units are ever whole at once.
 
