@@ -198,18 +198,23 @@ def _has_cuda() -> bool:
 
 def _check_gpus_useful(gpus: int, graph) -> None:
     """Refuse GPU counts no plan can use (make_cluster refuses absurd ones). Data parallelism
-    splits a module's batch over at most `global_batch` GPUs, and at most every module runs
-    at once on GPUs of its own, so no plan uses more than global_batch x modules. (Not just
+    splits a module's batch over at most `global_batch` replicas, each on as many GPUs as its
+    largest TP degree inside a node, and at most every module runs at once on GPUs of its
+    own, so no plan uses more than global_batch x the modules' summed TP degrees. (Not just
     global_batch: the paper presets plan batch 2 on 8 GPUs, a module per GPU group.) One node
     is always accepted: it is what one has, even when a plan leaves some of it idle."""
-    modules = len(graph.modules)
-    useful = graph.global_batch * modules
+    from mosaic import tensor_parallel as tp
+
+    widest = sum(max(t for t in tp.TP_DEGREES if t <= GPUS_PER_NODE and tp.supports(m, t)
+                     and (t == 1 or not m.bf16_weights)) for m in graph.modules)
+    useful = graph.global_batch * widest
     if gpus > max(useful, GPUS_PER_NODE):
         raise OptionError(
             f"--gpus {gpus}: no plan can use more than {useful} GPUs here, since data parallelism "
             f"splits the global batch of {graph.global_batch} over at most {graph.global_batch} "
-            f"GPUs per module ({modules} modules); use --gpus {useful} or fewer, or "
-            f"--batch {-(-gpus // modules)} or more")
+            f"replicas per module, and one replica of each of the {len(graph.modules)} modules "
+            f"takes {widest} GPUs at most (tensor parallelism included); use --gpus {useful} or "
+            f"fewer, or --batch {-(-gpus // widest)} or more")
 
 
 def load_graph(model: str, preset: str, global_batch: int | None = None):
