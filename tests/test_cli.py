@@ -58,7 +58,8 @@ def test_plan_says_how_a_module_too_big_for_a_gpu_was_fit(tmp_path):
     notes = {n.split(":")[0]: n for n in summary["notes"] if " fit a GPU " in n}
     assert notes.keys() == {p["planner"] for p in summary["plans"]}
     for plan in summary["plans"]:
-        assert plan["sharded"] == ["llm"]
+        assert plan["sharded"] == ["llm"] and plan["states_over"] == {"llm": 2}
+        assert plan["tensor_parallel"] == {}
         assert (f"llm fit a GPU with states sharded (FSDP2), predicted "
                 f"{plan['predicted_iteration_s'] * 1e3:.2f} ms; split by tensor parallelism "
                 "instead: predicted") in notes[plan["planner"]]

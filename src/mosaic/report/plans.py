@@ -42,6 +42,10 @@ def plans_summary(plans: list[Plan], graph: MMGraph, perf: PerfModel, files: dic
             "num_stages": len(plan.stages),
             "sharing": [s.sharing for s in plan.stages],
             "sharded": plan.sharded_modules(),
+            "states_over": {p.module: p.states_over for s in plan.stages for p in s.placements
+                            if p.shard},
+            "tensor_parallel": {p.module: p.tensor_parallel for s in plan.stages
+                                for p in s.placements if p.tensor_parallel > 1},
             "plan_file": str(files[plan.planner]),
         })
     return {
