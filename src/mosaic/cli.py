@@ -196,7 +196,7 @@ def _has_cuda() -> bool:
     return torch.cuda.is_available()
 
 
-def _check_gpus_useful(gpus: int, graph) -> None:
+def _check_gpus_useful(cluster, graph) -> None:
     """Refuse GPU counts no plan can use (make_cluster refuses absurd ones). Data parallelism
     splits a module's batch over at most `global_batch` replicas, each on as many GPUs as its
     largest TP degree inside a node, and at most every module runs at once on GPUs of its
@@ -205,8 +205,8 @@ def _check_gpus_useful(gpus: int, graph) -> None:
     is always accepted: it is what one has, even when a plan leaves some of it idle."""
     from mosaic import tensor_parallel as tp
 
-    widest = sum(max(t for t in tp.TP_DEGREES if t <= GPUS_PER_NODE and tp.supports(m, t)
-                     and (t == 1 or not m.bf16_weights)) for m in graph.modules)
+    gpus = cluster.num_gpus
+    widest = sum(max(tp.degrees(m, cluster)) for m in graph.modules)
     useful = graph.global_batch * widest
     if gpus > max(useful, GPUS_PER_NODE):
         raise OptionError(
@@ -352,7 +352,7 @@ def plan(
     graph = load_graph(model, str(preset), batch).with_precision(
         bf16_weights=bf16_weights, bf16_moments=bf16_moments,
         bf16_flat_grads=not per_weight_update, fp32_main_weights=fp32_main_weights)
-    _check_gpus_useful(gpus, graph)
+    _check_gpus_useful(cluster, graph)
     out = check_out_dir(out or Path("runs") / f"plan-{graph.name}-{gpus}")
     def perf_for(per_weight: bool = False):
         return load_perf_model(str(perf_model), cluster, str(preset), profile_db,
@@ -487,7 +487,7 @@ def simulate(
         batch = load_graph(model, str(preset)).global_batch * cluster.num_nodes
     graph = load_graph(model, str(preset), batch)
     if plan_obj is None:
-        _check_gpus_useful(num_gpus, graph)
+        _check_gpus_useful(cluster, graph)
     out = check_out_dir(out or Path("runs") / f"simulate-{graph.name}-{num_gpus}")
     perf = load_perf_model(str(perf_model), cluster, str(preset), profile_db,
                            engine=planned_engine_kind(num_gpus, grad_sync=str(grad_sync)))

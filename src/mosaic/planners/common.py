@@ -29,7 +29,7 @@ from mosaic import tensor_parallel as tp
 from mosaic.graph import MMGraph, ModuleSpec
 from mosaic.hardware import ClusterSpec
 from mosaic.perf.base import PerfModel, Work
-from mosaic.plan import MEMORY_MARGIN, MemoryPlanError
+from mosaic.plan import MEMORY_MARGIN, MemoryPlanError, replica_bytes
 
 INF = math.inf
 TRANSFER_CHARGE = 0.5
@@ -159,8 +159,8 @@ class SearchSpace:
         per_node = self.cluster.gpus_per_node
         if not self.shards(name, size) or size <= per_node or size % per_node:
             return 0
-        spec = self.specs[name]
-        need = tp.bytes_per_gpu(spec, self.batch_of(name, size)) + sharding.added_bytes(spec, per_node)
+        need = replica_bytes(self.specs[name], self.graph.global_batch, size, shard=True,
+                             states_over=per_node)
         return per_node if need <= self.budget_bytes else 0
 
     def states_over(self, name: str, size: int) -> int:

@@ -45,13 +45,17 @@ def _planned(space: SearchSpace, plan_in: Callable[[SearchSpace], Plan]) -> Plan
         return exc
 
 
-def _note(space: SearchSpace, found: Plan | PlanError) -> float | str:
-    """A way's predicted step in ms (the whole accumulated step where the space plans one
+def _step_s(space: SearchSpace, found: Plan | PlanError) -> float:
+    """A way's predicted step (the whole accumulated step where the space plans one
     micro-step of it: FSDP's gathers repeat every micro-step, the TP module's gradient
-    all-reduce runs once), or why it found nothing."""
-    if isinstance(found, PlanError):
-        return str(found)
-    return round(space.perf.step_of_micro_s(found, space.graph) * 1e3, 3)
+    all-reduce runs once); inf where it found nothing."""
+    return (space.perf.step_of_micro_s(found, space.graph) if isinstance(found, Plan)
+            else float("inf"))
+
+
+def _note(found: Plan | PlanError, step_s: float) -> float | str:
+    """A way's predicted step in ms, or why it found nothing (meta `split_by`)."""
+    return round(step_s * 1e3, 3) if isinstance(found, Plan) else str(found)
 
 
 def plan_sharding_if_needed(space: SearchSpace, plan_in: Callable[[SearchSpace], Plan]) -> Plan:
@@ -89,10 +93,10 @@ def plan_fitting(space: SearchSpace, plan_in: Callable[[SearchSpace], Plan]) -> 
     space.set_tensor_parallel({m: t for m, t in tensor_parallel.items() if m not in instead})
     space.set_sharded(sharded | set(instead))
     shard = _planned(space, plan_in)
-    notes = {"modules": instead, "tensor_parallel": _note(space, split),
-             "sharded": _note(space, shard)}
-    if isinstance(shard, Plan) and (isinstance(split, PlanError) or notes["sharded"]
-                                    < notes["tensor_parallel"]):
+    split_s, shard_s = _step_s(space, split), _step_s(space, shard)
+    notes = {"modules": instead, "tensor_parallel": _note(split, split_s),
+             "sharded": _note(shard, shard_s)}
+    if shard_s < split_s:
         return replace(shard, meta={**shard.meta, "split_by": {**notes, "chose": "sharded"}})
     space.set_tensor_parallel(split_space[0])
     space.set_sharded(split_space[1])
